@@ -1,0 +1,37 @@
+"""yolo-ckpt: activation checkpointing for Ultralytics YOLO training — the same training, with less memory.
+
+Example:
+    >>> from yolo_ckpt import YOLO
+    >>> YOLO("yolo11n.yaml").train(data="data.yaml", imgsz=1280, checkpoint_stages=[2, 3])  # doctest: +SKIP
+"""
+
+from .model import checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .stages import CheckpointConfigError, CheckpointPlan, Region, backbone_stages, model_stages
+from .trainer import (
+    TRAINERS,
+    YOLO,
+    ClassificationTrainer,
+    DetectionTrainer,
+    OBBTrainer,
+    PoseTrainer,
+    SegmentationTrainer,
+)
+
+__version__ = "0.1.0"
+__all__ = (
+    "YOLO",
+    "TRAINERS",
+    "DetectionTrainer",
+    "SegmentationTrainer",
+    "PoseTrainer",
+    "OBBTrainer",
+    "ClassificationTrainer",
+    "CheckpointPlan",
+    "CheckpointConfigError",
+    "Region",
+    "backbone_stages",
+    "model_stages",
+    "enable_checkpointing",
+    "disable_checkpointing",
+    "checkpoint_plan",
+)

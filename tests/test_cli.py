@@ -1,0 +1,83 @@
+"""`yolo-ckpt` against `yolo`: same grammar and errors; bad checkpoint_stages stop before any work."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from yolo_ckpt import YOLO, CheckpointConfigError
+from yolo_ckpt.cli import parse_train_args
+
+YOLO_BIN = shutil.which("yolo") or pytest.fail("the `yolo` command of ultralytics is not installed")
+
+
+def run(*cmd, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def last_line(text: str) -> str:
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+def test_parses_like_yolo():
+    got = parse_train_args(["segment", "train", "imgsz=1280", "batch", "=", "8", "checkpoint_stages=[2,3]", "plots"])
+    assert got == {"task": "segment", "mode": "train", "imgsz": 1280, "batch": 8, "checkpoint_stages": [2, 3],
+                   "plots": True}
+    assert parse_train_args(["train", "checkpoint_stages=all"])["checkpoint_stages"] == "all"
+    assert parse_train_args(["train", "checkpoint_stages=3"])["checkpoint_stages"] == 3
+    assert parse_train_args(["train", "checkpoint_stages=[]"])["checkpoint_stages"] == []
+
+
+def test_unknown_key_gives_the_yolo_error():
+    ours = run(sys.executable, "-m", "yolo_ckpt", "train", "imgsz=64", "epochz=3")
+    theirs = run(YOLO_BIN, "train", "imgsz=64", "epochz=3")
+    assert ours.returncode != 0 and theirs.returncode != 0
+    assert last_line(ours.stderr) == last_line(theirs.stderr)
+    assert "'epochz' is not a valid YOLO argument" in ours.stderr
+    typo = run(sys.executable, "-m", "yolo_ckpt", "train", "chekpoint_stages=1")
+    assert "Similar arguments are i.e. ['checkpoint_stages']" in last_line(typo.stderr)
+
+
+def test_other_modes_are_yolo():
+    assert run(sys.executable, "-m", "yolo_ckpt", "version").stdout == run(YOLO_BIN, "version").stdout
+    ours = run(sys.executable, "-m", "yolo_ckpt", "val", "model=yolo11n.yaml", "checkpoint_stages=2")
+    theirs = run(YOLO_BIN, "val", "model=yolo11n.yaml", "checkpoint_stages=2")
+    assert last_line(ours.stderr) == last_line(theirs.stderr)  # our key is train-only, as in `yolo`
+
+
+BAD = ["0", "-1", "6", "[2,2]", "2.5", "two", "{'a':1}", "[2,'x']", "True"]
+
+
+@pytest.mark.parametrize("value", BAD)
+def test_bad_stages_cli_one_line_before_any_work(value, tmp_path):
+    earlier = tmp_path / "runs" / "train"
+    earlier.mkdir(parents=True)
+    (earlier / "results.csv").write_text("epoch\n1\n")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    data_cache = tmp_path / "datasets"
+    out = run("yolo-ckpt", "train", f"checkpoint_stages={value}", f"project={tmp_path / 'runs'}", "name=train",
+              "exist_ok=True", env={"YOLO_CKPT_DATASETS": str(data_cache)})
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("yolo-ckpt: error: checkpoint_stages=")
+    assert "{1, 2, 3, 4, 5}" in errors[0] and "Traceback" not in out.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no run dir, no dataset
+    assert (earlier / "results.csv").read_text() == "epoch\n1\n"
+
+
+@pytest.mark.parametrize("value", [0, [1, 1], 3.0, "P3", {"stage": 2}, 9])
+def test_bad_stages_python_before_dataset_and_run_dir(value, tmp_path):
+    with pytest.raises(CheckpointConfigError, match=r"\{1, 2, 3, 4, 5\}"):
+        YOLO("yolov8n.yaml").train(data=str(tmp_path / "missing.yaml"), project=str(tmp_path), checkpoint_stages=value)
+    assert list(tmp_path.iterdir()) == []  # a dataset error would mean the stages were checked too late
+
+
+def test_model_without_stages_is_rejected(tmp_path):
+    cfg = tmp_path / "flat.yaml"
+    cfg.write_text("nc: 1\nbackbone:\n  - [-1, 1, Conv, [16, 3, 1]]\nhead:\n  - [[0], 1, Detect, [nc]]\n")
+    out = run("yolo-ckpt", "train", f"model={cfg}", "checkpoint_stages=all", f"project={tmp_path / 'runs'}")
+    assert out.returncode == 2 and "no recognisable backbone stages" in out.stderr
+    assert not (tmp_path / "runs").exists()

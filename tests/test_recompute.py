@@ -1,0 +1,79 @@
+"""checkpoint_region against plain autograd and plain torch.utils.checkpoint."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from ultralytics.nn.modules import C3k2, Conv
+
+from yolo_ckpt.recompute import checkpoint_region
+
+
+def stem_block(norm: nn.Module) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), norm, nn.SiLU(), Conv(8, 16, 3, 2), C3k2(16, 16, 1, False, 0.5))
+
+
+def step(block: nn.Sequential, run, x: torch.Tensor) -> None:
+    block.train()
+    run(block, x).square().mean().backward()
+
+
+def plain(block, x):
+    return block(x)
+
+
+def ours(block, x):
+    return checkpoint_region(block, x, modules=[block])
+
+
+NORMS = [
+    lambda: nn.BatchNorm2d(8),
+    lambda: nn.BatchNorm2d(8, momentum=None),  # cumulative average: depends on num_batches_tracked
+    lambda: nn.InstanceNorm2d(8, affine=True, track_running_stats=True),
+]
+
+
+@pytest.mark.parametrize("make_norm", NORMS)
+def test_buffers_and_grads_bitwise_equal_to_plain_autograd(make_norm):
+    x = torch.randn(2, 3, 32, 32)
+    ref, ckpt = stem_block(make_norm()), stem_block(make_norm())
+    for _ in range(3):
+        step(ref, plain, x)
+        step(ckpt, ours, x)
+    for (k, a), b in zip(ref.state_dict().items(), ckpt.state_dict().values()):
+        assert torch.equal(a, b), k
+    for (k, a), b in zip(ref.named_parameters(), ckpt.parameters()):
+        assert torch.equal(a.grad, b.grad), k
+
+
+def test_plain_checkpoint_updates_batchnorm_twice():
+    """The trap this module exists for: without the buffer restore the statistics drift (torch issue #96136)."""
+    x = torch.randn(2, 3, 32, 32)
+    ref, naive = stem_block(nn.BatchNorm2d(8)), stem_block(nn.BatchNorm2d(8))
+    step(ref, plain, x)
+    step(naive, lambda b, x: checkpoint(b, x, use_reentrant=False), x)
+    assert int(naive[1].num_batches_tracked) == 2 * int(ref[1].num_batches_tracked)
+    assert not torch.equal(naive[1].running_mean, ref[1].running_mean)
+
+
+def test_stem_gets_gradients_when_input_needs_none():
+    x = torch.randn(2, 3, 32, 32)  # an image: requires_grad=False
+    ref, ckpt, reentrant = (stem_block(nn.BatchNorm2d(8)) for _ in range(3))
+    step(ref, plain, x)
+    step(ckpt, ours, x)
+    assert ckpt[0].weight.grad is not None and ckpt[0].weight.grad.abs().sum() > 0
+    assert torch.equal(ckpt[0].weight.grad, ref[0].weight.grad)
+    # reentrant checkpointing, the default of older torch, leaves the stem without gradients
+    with pytest.warns(UserWarning):
+        out = checkpoint(reentrant, x, use_reentrant=True)
+    assert not out.requires_grad
+
+
+def test_buffer_restore_keeps_tensor_identity():
+    block = stem_block(nn.BatchNorm2d(8))
+    ids = [id(b) for b in block.buffers()]
+    step(block, ours, torch.randn(2, 3, 32, 32))
+    assert ids == [id(b) for b in block.buffers()]  # EMA pairs state_dict tensors by key; objects stay the same

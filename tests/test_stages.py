@@ -1,0 +1,76 @@
+"""Stage derivation against an independent reference: the `Pk/2^k` comments of Ultralytics' own model YAMLs."""
+
+import re
+from pathlib import Path
+
+import pytest
+import ultralytics
+from ultralytics.nn.tasks import DetectionModel
+
+from yolo_ckpt.stages import CheckpointConfigError, CheckpointPlan, model_stages, parse_stage_spec
+
+CFG = Path(ultralytics.__file__).parent / "cfg" / "models"
+
+
+def commented_stage_starts(yaml_file: Path) -> dict[int, int]:
+    """Stage k -> first layer index, read from comments such as `- [-1, 1, Conv, [128, 3, 2]] # 1-P2/4`."""
+    text = yaml_file.read_text().split("head:")[0]
+    return {int(k): int(i) for i, k in re.findall(r"#\s*(\d+)-P(\d+)/\d+", text)}
+
+
+@pytest.mark.parametrize(
+    "family, name",
+    [("v8", "yolov8"), ("11", "yolo11"), ("26", "yolo26"), ("v8", "yolov8-p6"), ("11", "yolo11-cls")],
+)
+@pytest.mark.parametrize("scale", ["n", "s", "x"])
+def test_stages_match_yaml_comments(family, name, scale):
+    yaml_file = CFG / family / f"{name}.yaml"
+    starts = commented_stage_starts(yaml_file)
+    stem, _, suffix = name.partition("-")
+    stages = model_stages(f"{stem}{scale}{'-' + suffix if suffix else ''}.yaml")
+    assert {k: layers[0] for k, layers in stages.items()} == starts
+    flat = [i for k in sorted(stages) for i in stages[k]]
+    assert flat == list(range(len(flat)))  # contiguous, whole backbone, ascending
+
+
+def test_built_model_and_task_heads_agree():
+    model = DetectionModel("yolo11n.yaml", verbose=False)
+    assert model_stages(model) == model_stages("yolo11n.yaml") == model_stages("yolo11n-obb.yaml")
+    assert model_stages(model)[5] == (7, 8, 9, 10)  # Conv, C3k2, SPPF, C2PSA
+    assert all(m.training for m in model.modules())  # the dry run leaves train mode as it found it
+
+
+def test_dry_run_leaves_batchnorm_untouched():
+    model = DetectionModel("yolov8n.yaml", verbose=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model_stages(model)
+    assert all((before[k] == v).all() for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [(None, []), ([], []), (3, [3]), ([3, 2], [2, 3]), ((1, 5), [1, 5]), ("all", None), ("ALL", None)],
+)
+def test_parse_valid_specs(spec, expected):
+    assert parse_stage_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec", [0, -1, [2, 2], 2.0, [2, 3.5], "two", "2", {"a": 1}, [[2]], True, [2, None]])
+def test_parse_invalid_specs(spec):
+    with pytest.raises(CheckpointConfigError) as e:
+        CheckpointPlan.from_spec("yolo11n.yaml", spec)
+    message = str(e.value)
+    assert "\n" not in message and "{1, 2, 3, 4, 5}" in message  # one line naming this model's stages
+
+
+def test_plan_beyond_model_stages_names_valid_ones():
+    with pytest.raises(CheckpointConfigError, match=r"no stage 6.*\{1, 2, 3, 4, 5\}"):
+        CheckpointPlan.from_spec("yolo11n.yaml", [2, 6])
+    assert CheckpointPlan.from_spec("yolov8n-p6.yaml", [6]).regions[0].layers == (9, 10, 11)
+
+
+def test_model_without_recognisable_stages():
+    flat = {"nc": 1, "backbone": [[-1, 1, "Conv", [16, 3, 1]], [-1, 1, "Conv", [16, 3, 1]]], "head": []}
+    with pytest.raises(CheckpointConfigError, match="no recognisable backbone stages"):
+        CheckpointPlan.from_spec(flat, "all")
+    assert CheckpointPlan.from_spec(flat, []).regions == ()  # off needs no stages

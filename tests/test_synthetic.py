@@ -1,0 +1,240 @@
+"""Tests for yolo_ckpt.synthetic: determinism, label validity, Ultralytics acceptance, caching and atomicity."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from yolo_ckpt import synthetic
+from yolo_ckpt.synthetic import SCENE_TASKS, TASKS, dataset_name, recipe, synthetic_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+COLUMNS = {"detect": 5, "obb": 9}  # fixed label row widths; segment and pose are checked separately
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """One cache root with every task generated once."""
+    r = tmp_path_factory.mktemp("root_a")
+    for task in TASKS:
+        synthetic_dataset(task, r)
+    return r
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """Ultralytics must not try the network."""
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+
+
+def _files(base: Path) -> dict[str, Path]:
+    """Generated files under base (ignoring caches Ultralytics writes next to labels), keyed by relative path."""
+    return {
+        str(p.relative_to(base)): p
+        for p in sorted(base.rglob("*"))
+        if p.is_file() and p.suffix in {".png", ".txt", ".yaml"}
+    }
+
+
+def _task_dir(root: Path, task: str) -> Path:
+    return root / dataset_name(recipe()) / task
+
+
+def _split_labels(root: Path, task: str, split: str) -> list[list[list[float]]]:
+    """Parse every label file of a split: per image, per object, the row as floats."""
+    files = sorted((_task_dir(root, task) / "labels" / split).glob("*.txt"))
+    return [[[float(v) for v in line.split()] for line in f.read_text().splitlines()] for f in files]
+
+
+def test_recipe_is_data_only():
+    r = recipe()
+    assert r["imgsz"] == 1024 and isinstance(r["version"], int)
+    assert set(r["shapes"]) == set(r["names"].values())
+    assert len(r["flip_idx"]) == len(r["keypoints"])
+    assert not list((REPO / "datasets").glob("*.py")), "datasets/ must hold data only"
+    assert synthetic._recipe_path().read_bytes() == (REPO / "datasets" / "synthetic_hr.yaml").read_bytes()
+
+
+def test_paths_returned(root):
+    name = dataset_name(recipe())
+    for task in SCENE_TASKS:
+        assert synthetic_dataset(task, root) == root / name / task / "data.yaml"
+    assert synthetic_dataset("classify", root) == root / name / "classify"
+    with pytest.raises(ValueError):
+        synthetic_dataset("depth", root)
+
+
+def test_env_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("YOLO_CKPT_DATASETS", str(tmp_path))
+    assert synthetic_dataset("classify") == tmp_path / dataset_name(recipe()) / "classify"
+
+
+def test_byte_identical_regeneration(root, tmp_path):
+    for task in reversed(TASKS):  # a different order: images get written by pose, not detect
+        synthetic_dataset(task, tmp_path)
+    a, b = _files(root), _files(tmp_path)
+    assert a.keys() == b.keys()
+    assert sum(k.endswith(".png") for k in a) == len(SCENE_TASKS) * 24 + 2 * 4 * 8
+    for rel in a:
+        if rel.endswith("data.yaml"):  # holds the absolute root path; the rest must match
+            ya, yb = yaml.safe_load(a[rel].read_text()), yaml.safe_load(b[rel].read_text())
+            assert ya.pop("path") != yb.pop("path") and ya == yb
+        else:
+            assert a[rel].read_bytes() == b[rel].read_bytes(), rel
+
+
+def test_recipe_change_gives_new_dir():
+    r = recipe()
+    changed = dict(r, seed=r["seed"] + 1)
+    assert dataset_name(changed) != dataset_name(r)
+
+
+@pytest.mark.parametrize("task", SCENE_TASKS)
+def test_labels_parse_and_are_normalized(root, task):
+    r = recipe()
+    lo, hi = r["objects"]
+    nkpt, ndim = len(r["keypoints"]), r["kpt_dims"]
+    for split in ("train", "val"):
+        images = sorted((_task_dir(root, task) / "images" / split).glob("*.png"))
+        labels = _split_labels(root, task, split)
+        assert len(images) == len(labels) == r[split]
+        for rows in labels:
+            assert lo // 2 <= len(rows) <= hi
+            for row in rows:
+                assert row[0] in range(len(r["names"]))
+                if task == "segment":
+                    assert len(row) % 2 == 1 and len(row) >= 7
+                elif task == "pose":
+                    assert len(row) == 5 + nkpt * ndim
+                    assert all(v == 2 for v in row[5 + 2 :: ndim])  # visibility flags
+                else:
+                    assert len(row) == COLUMNS[task]
+                assert all(0.0 <= v <= 1.0 for v in row[1:] if not (task == "pose" and v == 2))
+
+
+def test_formats_agree(root):
+    """The detect box is the bounding box of the segment polygon; pose boxes equal detect boxes."""
+    for d, s, p in zip(*(_split_labels(root, t, "train") for t in ("detect", "segment", "pose"))):
+        assert len(d) == len(s) == len(p)
+        for rd, rs, rp in zip(d, s, p):
+            poly = np.array(rs[1:]).reshape(-1, 2)
+            (x0, y0), (x1, y1) = poly.min(0), poly.max(0)
+            assert np.allclose(rd[1:], [(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], atol=2e-6)
+            assert rd == rp[:5] and rd[0] == rs[0]
+
+
+def test_labels_match_pixels(root):
+    """Inside each labelled polygon, most pixels have the recipe colour (within jitter) of the labelled class."""
+    r = recipe()
+    size = r["imgsz"]
+    task_dir = _task_dir(root, "segment")
+    checked = 0
+    for img_file in sorted((task_dir / "images" / "val").glob("*.png"))[:3]:
+        img = cv2.imread(str(img_file))
+        for row in _split_labels(root, "segment", "val")[int(img_file.stem.split("_")[1])]:
+            poly = np.array(row[1:]).reshape(-1, 2) * size
+            mask = np.zeros(img.shape[:2], np.uint8)
+            cv2.fillPoly(mask, [np.rint(poly).astype(np.int32)], 1)
+            mask = cv2.erode(mask, np.ones((3, 3), np.uint8))
+            if mask.sum() < 40:  # too small to judge after erosion
+                continue
+            inside = img[mask.astype(bool)].astype(int)
+            share = {  # share of pixels that could be each class's body fill (the front detail is darker/lighter)
+                name: np.all(np.abs(inside - spec["color"]) <= spec["jitter"], axis=1).mean()
+                for name, spec in r["shapes"].items()
+            }
+            labelled = r["names"][int(row[0])]
+            assert share[labelled] > 0.25 and max(share, key=share.get) == labelled, (img_file.name, row[0], share)
+            checked += 1
+    assert checked > 20
+
+
+@pytest.mark.parametrize("task", SCENE_TASKS)
+def test_ultralytics_accepts_scene_dataset(root, task, tmp_path):
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    r = recipe()
+    data = check_det_dataset(str(synthetic_dataset(task, root)))
+    assert data["nc"] == len(r["names"]) and data["names"] == r["names"]
+    if task == "pose":
+        assert data["kpt_shape"] == [len(r["keypoints"]), r["kpt_dims"]] and data["flip_idx"] == r["flip_idx"]
+    for split in ("train", "val"):
+        ds = YOLODataset(img_path=data[split], data=data, task=task, imgsz=256, augment=False)
+        scan = ds.cache_labels(tmp_path / f"{split}.cache")  # Ultralytics' own per-file verification
+        nf, nm, ne, nc, total = scan["results"]
+        assert (nf, nm, ne, nc, total) == (r[split], 0, 0, 0, r[split]) and scan["msgs"] == []
+        assert len(ds.labels) == r[split] and sum(len(lb["cls"]) for lb in ds.labels) > r[split] * 10
+        item = ds[0]
+        assert item["img"].shape[1:] == (256, 256) and len(item["cls"]) > 0
+        if task == "segment":
+            assert item["masks"].any()
+        if task == "pose":
+            assert tuple(item["keypoints"].shape[1:]) == (len(r["keypoints"]), 3)
+
+
+def test_ultralytics_accepts_classify_dataset(root):
+    from ultralytics.data.utils import check_cls_dataset
+
+    r = recipe()
+    data = check_cls_dataset(str(synthetic_dataset("classify", root)))
+    assert data["nc"] == len(r["names"]) and sorted(data["names"].values()) == sorted(r["names"].values())
+    for split in ("train", "val"):
+        for name in r["names"].values():
+            files = sorted((data[split] / name).glob("*.png"))
+            assert len(files) == r["classify"][split]
+            assert cv2.imread(str(files[0])).shape == (r["classify"]["imgsz"],) * 2 + (3,)
+
+
+def test_existing_dataset_is_reused(tmp_path):
+    data = synthetic_dataset("obb", tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in data.parent.rglob("*")}
+    image = next(data.parent.glob("images/train/*.png"))
+    image.write_bytes(b"sentinel")  # a regeneration would overwrite this
+    before[image] = image.stat().st_mtime_ns
+    assert synthetic_dataset("obb", tmp_path) == data
+    assert {p: p.stat().st_mtime_ns for p in data.parent.rglob("*")} == before
+    assert image.read_bytes() == b"sentinel"
+
+
+def test_generation_is_atomic(tmp_path, monkeypatch):
+    base = tmp_path / dataset_name(recipe())
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("crash mid-generation")
+
+    monkeypatch.setattr(synthetic, "_write_png", boom)
+    with pytest.raises(RuntimeError):
+        synthetic_dataset("classify", tmp_path)
+    assert not any(base.iterdir()), "a failed generation must leave nothing behind"
+    monkeypatch.undo()
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+
+    (tmp_path / "keep.txt").write_text("unrelated")
+    synthetic_dataset("classify", tmp_path)
+    synthetic_dataset("detect", tmp_path)
+    assert sorted(p.name for p in base.iterdir()) == ["classify", "detect"]  # no temporary directories
+    assert (tmp_path / "keep.txt").read_text() == "unrelated"
+
+
+def test_concurrent_callers(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: synthetic_dataset("classify", tmp_path), range(4)))
+    assert len(set(paths)) == 1 and len(list(paths[0].rglob("*.png"))) == 2 * 4 * 8
+    assert [p.name for p in paths[0].parent.iterdir()] == ["classify"]
+
+
+def test_images_shared_between_scene_tasks(root):
+    """Scene tasks hold the same image bytes (hard-linked where the filesystem allows)."""
+    rel = Path("images/train/train_0000.png")
+    files = [_task_dir(root, t) / rel for t in SCENE_TASKS]
+    assert len({f.read_bytes() for f in files}) == 1
+    if hasattr(os, "link"):
+        assert len({f.stat().st_ino for f in files}) in (1, len(files))

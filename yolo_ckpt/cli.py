@@ -1,0 +1,104 @@
+"""``yolo-ckpt``: the ``yolo`` command with checkpointing in ``train``.
+
+``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
+defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
+checkpointing trainer. Without ``model=`` it builds ``yolo11n.yaml`` (nothing to download), without ``data=`` it
+trains on the embedded synthetic high-resolution dataset. Every other mode is handed to ``yolo`` unchanged.
+
+Example:
+    $ yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=[2,3]
+    $ yolo-ckpt train                       # yolo11n on the embedded dataset, offline
+    $ yolo-ckpt val model=runs/detect/train/weights/best.pt data=coco.yaml   # plain `yolo val`
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ultralytics.cfg import (
+    MODES,
+    TASKS,
+    check_dict_alignment,
+    entrypoint,
+    merge_equals_args,
+    parse_key_value_pair,
+)
+from ultralytics.utils import LOGGER, YAML, checks
+
+DEFAULT_MODEL = "yolo11n.yaml"
+
+
+def parse_train_args(args: list[str]) -> dict:
+    """Turn ``train`` tokens into overrides the way ``yolo`` does, accepting our keys too.
+
+    Args:
+        args: Command-line tokens after the program name, e.g. ``["train", "imgsz=1280", "checkpoint_stages=[2,3]"]``.
+
+    Returns:
+        (dict): Overrides for ``Model.train``, ``task`` included when given.
+
+    Raises:
+        SyntaxError: For unknown keys, as ``yolo`` raises.
+    """
+    from .trainer import DEFAULT_CFG_DICT_CKPT
+
+    full = {**DEFAULT_CFG_DICT_CKPT, **dict.fromkeys((*TASKS, *MODES))}
+    overrides: dict = {}
+    for a in merge_equals_args(args):
+        a = a.removeprefix("--").removesuffix(",")
+        if "=" in a:
+            try:
+                k, v = parse_key_value_pair(a)
+            except (NameError, SyntaxError, ValueError, AssertionError) as e:
+                check_dict_alignment(full, {a: ""}, e)
+            if k == "cfg" and v is not None:  # a custom default.yaml, as in `yolo cfg=custom.yaml`
+                overrides = {**{k: v for k, v in YAML.load(checks.check_yaml(v)).items() if k != "cfg"}, **overrides}
+            else:
+                overrides[k] = v
+        elif a in TASKS:
+            overrides["task"] = a
+        elif a in MODES:
+            overrides["mode"] = a
+        elif isinstance(DEFAULT_CFG_DICT_CKPT.get(a), bool):
+            overrides[a] = True  # bare boolean flags, as `yolo train plots`
+        else:
+            check_dict_alignment(full, {a: ""})
+    check_dict_alignment(full, overrides)
+    return overrides
+
+
+def train(args: list[str]) -> None:
+    """Run ``yolo-ckpt train ...``."""
+    from .stages import CheckpointPlan
+    from .trainer import YOLO
+
+    overrides = parse_train_args(args)
+    overrides.pop("mode", None)
+    task = overrides.pop("task", None)
+    overrides["model"] = overrides.get("model") or DEFAULT_MODEL
+    if not overrides.get("resume"):  # reject bad stages before the dataset is generated
+        CheckpointPlan.from_spec(overrides["model"], overrides.get("checkpoint_stages"))
+    if not overrides.get("data") and not overrides.get("resume"):
+        from .synthetic import synthetic_dataset
+
+        overrides["data"] = str(synthetic_dataset(task or "detect"))
+        LOGGER.info(f"'data' argument is missing. Using the embedded synthetic dataset 'data={overrides['data']}'.")
+    model = YOLO(overrides.pop("model"), task=task)
+    model.train(**overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point of ``yolo-ckpt`` (and ``python -m yolo_ckpt``)."""
+    from .stages import CheckpointConfigError
+
+    args = sys.argv[1:] if argv is None else argv
+    if "train" not in args:
+        sys.argv[:] = ["yolo", *args]  # in place: Ultralytics' entrypoint reads its ARGV alias of sys.argv
+        entrypoint()
+        return 0
+    try:
+        train(args)
+    except CheckpointConfigError as e:
+        print(f"yolo-ckpt: error: {e}", file=sys.stderr)
+        return 2
+    return 0

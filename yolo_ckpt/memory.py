@@ -1,0 +1,380 @@
+"""Exact memory measurement for training on CPU and CUDA.
+
+Two sources of truth are used, depending on the device:
+
+* **CUDA**: the caching allocator's own statistics
+  (:func:`torch.cuda.max_memory_allocated` / :func:`torch.cuda.max_memory_reserved`),
+  wrapped by :func:`cuda_reset_peak` and :func:`cuda_peaks`.
+* **CPU** (or any other device): the CPU allocator keeps no statistics, so
+  :class:`LiveTensorTracker` counts the bytes of tensor storages that are
+  allocated while it is active and still alive, and keeps their exact
+  high-water mark.
+
+:class:`EpochPeak` picks the right one for a device and reports one epoch's
+peak as named values in GB (``2**30`` bytes, the unit of Ultralytics'
+``GPU_mem`` column).
+
+Why not ``torch.distributed._tools.mem_tracker.MemTracker``? It is private API
+(not in the torch docs, may change without notice), imports
+``torch.distributed``, adds module and optimizer hooks plus a monkey-patch of
+``UntypedStorage.resize_``, rounds CUDA sizes to 512 bytes, and counts any
+output storage it has not seen before, including storages that existed before
+it started (e.g. a view of a parameter). :class:`LiveTensorTracker` is the same
+core idea (a dispatch mode plus weak references to storages) reduced to what is
+needed here.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["LiveTensorTracker", "EpochPeak", "cuda_reset_peak", "cuda_peaks", "GB"]
+
+GB = 2**30
+"""Bytes per "GB" in reported values (binary GiB, as Ultralytics reports GPU memory)."""
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """Return the untyped storage of a dense tensor, or ``None`` if it has no real memory.
+
+    Meta tensors have no memory; sparse, nested and other storage-less tensors
+    raise on ``untyped_storage()``; both are skipped.
+    """
+    if t.is_meta:
+        return None
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Exact peak of live tensor storage bytes allocated while active (CPU or any device).
+
+    A storage is counted when it first appears as the output of an ATen op and
+    is not the storage of one of that op's input tensors; so views, in-place
+    ops and ``out=`` ops, which return an input's storage, add nothing (except
+    that an ``out=``/``resize_`` op that grows an already counted storage adds
+    the growth). Each storage is counted once with ``untyped_storage().nbytes()``
+    and is subtracted when it is freed, i.e. when its last tensor (held from
+    Python or from C++, e.g. by the autograd graph) dies. The peak is the
+    exact high-water mark of that sum as seen between ops.
+
+    Frees are detected with a weak reference to the storage's Python object.
+    This is exact because torch preserves a storage's Python object for as
+    long as its C++ ``StorageImpl`` lives ("PyObject preservation"), so the
+    weakref callback fires exactly when the last tensor using the storage
+    dies (tested in ``tests/test_memory.py``).
+
+    The tracker never changes numerics: every op is run as ``func(*args, **kwargs)``.
+    It sees ops run on the thread that entered it, including autograd backward
+    on CPU (which runs on the calling thread) and the recomputation of
+    ``torch.utils.checkpoint``; the autograd engine also carries the mode into
+    its device threads. It counts storages of all devices together.
+
+    Not counted: storages created before the tracker started (unless passed to
+    :meth:`track`), scratch memory a kernel allocates and frees internally,
+    tensors created without an op (``torch.from_numpy``, tensors received from
+    DataLoader worker processes), growth of a storage via
+    ``UntypedStorage.resize_`` called directly, and meta/sparse tensors.
+
+    Attributes:
+        current: Bytes of tracked storages alive now.
+        peak: High-water mark of ``current`` since start or the last :meth:`reset_peak`.
+        num_ops: Number of ops observed (0 means nothing was measured).
+
+    Example:
+        >>> import torch
+        >>> from yolo_ckpt.memory import LiveTensorTracker
+        >>> with LiveTensorTracker() as tracker:
+        ...     a = torch.zeros(1000, dtype=torch.float32)  # +4000 bytes
+        ...     b = a.view(10, 100)                          # view: +0
+        ...     a += 1.0                                     # in-place: +0
+        ...     c = a * 2                                    # +4000 bytes
+        ...     del c                                        # -4000 bytes
+        >>> tracker.current, tracker.peak
+        (4000, 8000)
+        >>> del a, b
+        >>> tracker.current, tracker.peak
+        (0, 8000)
+
+        Across an epoch, enter once and call :meth:`reset_peak` per step to
+        get per-step peaks while ``peak`` resets only when you ask.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: int = 0
+        self.peak: int = 0
+        self.num_ops: int = 0
+        # StorageImpl address -> [counted nbytes, weakref to the storage PyObject].
+        self._live: dict[int, list[Any]] = {}
+        self._depth: int = 0
+
+    # ------------------------------------------------------------------ public API
+    def reset_peak(self) -> None:
+        """Restart the high-water mark from the bytes alive now (``peak = current``)."""
+        self.peak = self.current
+
+    def track(self, tensors: Iterable[Any]) -> int:
+        """Count storages that already exist (e.g. parameters) as if allocated now.
+
+        Args:
+            tensors: Any pytree (list, tuple, dict, generator such as
+                ``model.parameters()``) whose tensor leaves should be counted.
+
+        Returns:
+            The number of bytes newly added to ``current``.
+        """
+        if not isinstance(tensors, (list, tuple, dict)):
+            tensors = list(tensors)
+        before = self.current
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                st = _storage(t)
+                if st is not None and st._cdata not in self._live:
+                    self._add(st)
+        if self.current > self.peak:
+            self.peak = self.current
+        return self.current - before
+
+    # ------------------------------------------------------------ context manager
+    def __enter__(self) -> LiveTensorTracker:
+        # Nested ``with`` on the same tracker is a no-op: pushing it twice would
+        # run every op through it twice.
+        if self._depth == 0:
+            super().__enter__()
+        self._depth += 1
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        if self._depth <= 0:
+            raise RuntimeError("LiveTensorTracker.__exit__ called without matching __enter__")
+        self._depth -= 1
+        if self._depth == 0:
+            top = _get_current_dispatch_mode()
+            if top is not self:
+                # TorchDispatchMode.__exit__ pops whatever mode is on top; refuse
+                # to pop someone else's.
+                self._depth += 1
+                raise RuntimeError(
+                    f"LiveTensorTracker must be exited on the thread that entered it and after "
+                    f"every mode entered later has exited; top of the dispatch stack is {top!r}"
+                )
+            super().__exit__(exc_type, exc_val, exc_tb)
+
+    # ------------------------------------------------------------------- internals
+    def _on_free(self, key: int, ref: weakref.ref) -> None:
+        entry = self._live.get(key)
+        if entry is not None and entry[1] is ref:
+            del self._live[key]
+            self.current -= entry[0]
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        key = st._cdata
+        nbytes = st.nbytes()
+        ref = weakref.ref(st, lambda r, key=key: self._on_free(key, r))
+        self._live[key] = [nbytes, ref]
+        self.current += nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.num_ops += 1
+
+        live = self._live
+        input_keys: set[int] | None = None
+        for t in _tensor_leaves(out):
+            st = _storage(t)
+            if st is None:
+                continue
+            key = st._cdata
+            entry = live.get(key)
+            if entry is not None:
+                # Already counted; an out=/resize_ op may have grown it in place.
+                nbytes = st.nbytes()
+                if nbytes != entry[0]:
+                    self.current += nbytes - entry[0]
+                    entry[0] = nbytes
+                continue
+            if input_keys is None:
+                input_keys = set()
+                for a in _tensor_leaves(args):
+                    ast = _storage(a)
+                    if ast is not None:
+                        input_keys.add(ast._cdata)
+                if kwargs:
+                    for a in _tensor_leaves(kwargs):
+                        ast = _storage(a)
+                        if ast is not None:
+                            input_keys.add(ast._cdata)
+            if key in input_keys:
+                continue  # aliases an input that existed before tracking started
+            self._add(st)
+
+        if self.current > self.peak:
+            self.peak = self.current
+        return out
+
+
+def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """Tensor leaves of an op's outputs or arguments.
+
+    Fast path for what ATen ops take and return (a tensor, or a tuple/list of
+    tensors, scalars and ``None``); anything else goes through
+    :func:`torch.utils._pytree.tree_leaves`.
+    """
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if type(tree) in (tuple, list):
+        res = []
+        for x in tree:
+            if isinstance(x, torch.Tensor):
+                res.append(x)
+            elif isinstance(x, (tuple, list, dict)):
+                res.extend(t for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+        return res
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+# ---------------------------------------------------------------------- CUDA helpers
+def _cuda_device(device: torch.device | str | int | None) -> torch.device:
+    """Normalise ``device`` to an indexed CUDA device; raise for non-CUDA devices."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {device}")
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def cuda_reset_peak(device: torch.device | str | int | None = None) -> None:
+    """Reset the CUDA caching allocator's peak statistics of ``device``.
+
+    Args:
+        device: CUDA device (``"cuda"``, ``"cuda:1"``, ``torch.device``, index,
+            or ``None`` for the current device).
+
+    Example:
+        >>> cuda_reset_peak("cuda:0")  # doctest: +SKIP
+        >>> y = torch.ones(1024, device="cuda:0") * 2  # doctest: +SKIP
+        >>> cuda_peaks("cuda:0")[0] >= 2 * 4096  # doctest: +SKIP
+        True
+    """
+    torch.cuda.reset_peak_memory_stats(_cuda_device(device))
+
+
+def cuda_peaks(device: torch.device | str | int | None = None) -> tuple[int, int]:
+    """Return ``(max_memory_allocated, max_memory_reserved)`` in bytes since the last reset.
+
+    Read from :func:`torch.cuda.memory_stats` (same numbers as
+    :func:`torch.cuda.max_memory_allocated` / :func:`torch.cuda.max_memory_reserved`),
+    but a missing statistic raises instead of silently reading as 0.
+
+    Args:
+        device: CUDA device, as for :func:`cuda_reset_peak`.
+
+    Returns:
+        Peak bytes held by tensors, and peak bytes reserved by the caching allocator.
+
+    Raises:
+        RuntimeError: If the allocator has no statistics for ``device`` (e.g.
+            nothing was ever allocated on it).
+    """
+    stats = torch.cuda.memory_stats(_cuda_device(device))
+    try:
+        return int(stats["allocated_bytes.all.peak"]), int(stats["reserved_bytes.all.peak"])
+    except KeyError as e:
+        raise RuntimeError(f"CUDA allocator has no statistic {e} for {device!r}") from e
+
+
+# ---------------------------------------------------------------------- epoch peak
+class EpochPeak:
+    """Peak memory of one epoch, device-agnostic: ``start()`` at epoch start, ``stop()`` at the end.
+
+    On CUDA the allocator's peaks are reset at :meth:`start` and read at
+    :meth:`stop`: ``{"mem/peak_alloc_GB", "mem/peak_reserved_GB"}``.
+    On any other device a :class:`LiveTensorTracker` is entered at
+    :meth:`start` and exited at :meth:`stop` (same thread, with any dispatch
+    mode entered in between already exited): ``{"mem/peak_tensor_GB"}``.
+    The same tracker is reused for every epoch, so tensors allocated in an
+    earlier epoch that are still alive (gradients, optimizer state, EMA) keep
+    counting; tensors that existed before the first :meth:`start` (e.g. model
+    parameters) count only if passed to ``self.tracker.track(...)``.
+
+    GB means ``2**30`` bytes. Nothing is ever reported as a made-up 0: if
+    nothing was measured, :meth:`stop` returns ``{}``.
+
+    Example:
+        >>> model = torch.nn.Linear(256, 256)
+        >>> peak = EpochPeak("cpu")
+        >>> peak.tracker.track(model.parameters())  # optional baseline: weights
+        263168
+        >>> for epoch in range(2):
+        ...     peak.start()
+        ...     model(torch.ones(1024, 256)).sum().backward()  # "train_one_epoch()"
+        ...     stats = peak.stop()
+        ...     print(sorted(stats), stats["mem/peak_tensor_GB"] * GB)
+        ['mem/peak_tensor_GB'] 2360324.0
+        ['mem/peak_tensor_GB'] 2623492.0
+
+        Epoch 0 peaks in the forward: weights (263168 B) + input (1048576 B)
+        + output (1048576 B) + the loss (4 B). In epoch 1 the ``.grad`` tensors (263168 B)
+        allocated by epoch 0's backward are still alive and count too.
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None) -> None:
+        """Create the meter.
+
+        Args:
+            device: Training device. An int or ``None`` (with CUDA available)
+                means a CUDA device; ``None`` without CUDA means CPU.
+        """
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        self.tracker: LiveTensorTracker | None = None if self.is_cuda else LiveTensorTracker()
+        self._running = False
+        self._ops_at_start = 0
+
+    def start(self) -> None:
+        """Begin measuring an epoch."""
+        if self._running:
+            raise RuntimeError("EpochPeak.start() called twice without stop()")
+        if self.is_cuda:
+            cuda_reset_peak(self.device)
+        else:
+            assert self.tracker is not None
+            self.tracker.reset_peak()
+            self._ops_at_start = self.tracker.num_ops
+            self.tracker.__enter__()
+        self._running = True
+
+    def stop(self) -> dict[str, float]:
+        """End the epoch and return its peaks in GB (``{}`` if nothing was measured)."""
+        if not self._running:
+            raise RuntimeError("EpochPeak.stop() called without start()")
+        if self.is_cuda:
+            self._running = False
+            torch.cuda.synchronize(self.device)
+            alloc, reserved = cuda_peaks(self.device)
+            return {"mem/peak_alloc_GB": alloc / GB, "mem/peak_reserved_GB": reserved / GB}
+        assert self.tracker is not None
+        self.tracker.__exit__(None, None, None)  # raises (and stays entered) if not on top
+        self._running = False
+        if self.tracker.num_ops == self._ops_at_start:
+            return {}
+        return {"mem/peak_tensor_GB": self.tracker.peak / GB}

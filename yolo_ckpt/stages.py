@@ -1,0 +1,219 @@
+"""Which layers to checkpoint: backbone stages of an Ultralytics model, derived from the built model.
+
+Stage ``k`` is the run of backbone layers whose output stride is ``2**k`` — the ``Pk/2^k`` comments of Ultralytics'
+model YAMLs. Strides come from a dry run of the backbone, never from an index table, so every scale of yolov8, yolo11
+and yolo26 (P5 and P6) and every task head resolves the same way.
+
+Example:
+    >>> from ultralytics.nn.tasks import DetectionModel
+    >>> model = DetectionModel("yolo11n.yaml", verbose=False)
+    >>> backbone_stages(model)
+    {1: (0,), 2: (1, 2), 3: (3, 4), 4: (5, 6), 5: (7, 8, 9, 10)}
+    >>> CheckpointPlan.from_spec(model, [2, 3]).regions
+    (Region(stage=2, layers=(1, 2)), Region(stage=3, layers=(3, 4)))
+"""
+
+from __future__ import annotations
+
+import math
+from copy import deepcopy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+DRY_RUN_SIZE = 256  # input side for the stride dry run; a multiple of every stride up to P8
+
+
+class CheckpointConfigError(ValueError):
+    """A ``checkpoint_stages`` value that cannot be applied to the model; the message is one line.
+
+    Attributes:
+        reason (str): What is wrong, without the hint of valid values.
+    """
+
+    def __init__(self, reason: str, hint: str = ""):
+        super().__init__(f"{reason} {hint}".strip())
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Region:
+    """A contiguous run of model layers recomputed as one unit during backward.
+
+    Attributes:
+        stage (int): Backbone stage k (output stride 2**k) the region covers.
+        layers (tuple[int, ...]): Indices into ``model.model``, ascending and contiguous.
+    """
+
+    stage: int
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Which regions of a model to checkpoint: a plain value, independent of how a region is recomputed.
+
+    Attributes:
+        regions (tuple[Region, ...]): Regions in forward order; empty means checkpointing is off.
+    """
+
+    regions: tuple[Region, ...] = ()
+
+    @property
+    def stages(self) -> list[int]:
+        """Checkpointed stage numbers in ascending order."""
+        return [r.stage for r in self.regions]
+
+    @classmethod
+    def from_spec(cls, model: Any, spec: Any) -> CheckpointPlan:
+        """Resolve a ``checkpoint_stages`` value against a model.
+
+        Args:
+            model: A built Ultralytics model, or anything ``model_stages`` accepts (YAML path, dict).
+            spec: ``None``/``[]`` (off), ``"all"``, a stage number, or a list/tuple of stage numbers.
+
+        Returns:
+            (CheckpointPlan): One region per requested stage.
+
+        Raises:
+            CheckpointConfigError: For any value that is not a set of this model's stages.
+        """
+        try:
+            requested = parse_stage_spec(spec)
+        except CheckpointConfigError as e:  # name this model's stages when it has any
+            try:
+                stages = model_stages(model)
+            except CheckpointConfigError:
+                raise e from None
+            raise CheckpointConfigError(f"{e.reason} {_valid_hint(stages)}") from None
+        if requested == []:
+            return cls()
+        stages = model_stages(model)
+        if requested is None:  # "all"
+            requested = sorted(stages)
+        if bad := [k for k in requested if k not in stages]:
+            raise CheckpointConfigError(
+                f"checkpoint_stages={_show(spec)}: {_model_name(model)} has no stage {bad[0]}.", _valid_hint(stages)
+            )
+        return cls(tuple(Region(k, stages[k]) for k in requested))
+
+
+def _show(spec: Any) -> str:
+    return "[" + ",".join(map(repr, spec)) + "]" if isinstance(spec, list) else repr(spec)
+
+
+def _valid_hint(stages: dict[int, tuple[int, ...]] | None = None) -> str:
+    valid = ", ".join(str(k) for k in sorted(stages)) if stages else "the model's backbone stages"
+    return f"Valid: a list of distinct stage numbers from {{{valid}}}, a single stage, 'all', or [] for off."
+
+
+def _model_name(model: Any) -> str:
+    if isinstance(model, (str, Path)):
+        return Path(model).name
+    yaml = getattr(model, "yaml", None) or (model if isinstance(model, dict) else {})
+    return Path(str(yaml.get("yaml_file") or type(model).__name__)).name
+
+
+def parse_stage_spec(spec: Any) -> list[int] | None:
+    """Check the form of a ``checkpoint_stages`` value without a model.
+
+    Args:
+        spec: The raw value from the CLI (already ``ast.literal_eval``-ed by Ultralytics) or Python.
+
+    Returns:
+        (list[int] | None): Sorted stage numbers, ``[]`` for off, or ``None`` for ``"all"``.
+
+    Raises:
+        CheckpointConfigError: For floats, bools, dicts, strings other than ``all``, stage < 1 and duplicates.
+
+    Examples:
+        >>> parse_stage_spec(3), parse_stage_spec((3, 2)), parse_stage_spec("all"), parse_stage_spec(None)
+        ([3], [2, 3], None, [])
+    """
+    if spec is None:
+        return []
+    if isinstance(spec, str) and spec.strip().lower() == "all":
+        return None
+    items = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    for k in items:
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise CheckpointConfigError(f"checkpoint_stages={_show(spec)}: {k!r} is not a stage number.", _valid_hint())
+        if k < 1:
+            raise CheckpointConfigError(f"checkpoint_stages={_show(spec)}: stages start at 1, got {k}.", _valid_hint())
+    if len(set(items)) != len(items):
+        raise CheckpointConfigError(f"checkpoint_stages={_show(spec)}: duplicate stages.", _valid_hint())
+    return sorted(items)
+
+
+def model_stages(model: Any) -> dict[int, tuple[int, ...]]:
+    """Stages of a model given as a built model, a model YAML path/name or a YAML dict.
+
+    A YAML (or a ``.pt`` file's embedded YAML) is built layer by layer with Ultralytics' own ``parse_model``; only its
+    backbone is run, on a zero image.
+
+    Raises:
+        CheckpointConfigError: When the model has no recognisable backbone stages.
+    """
+    if isinstance(model, (str, Path)) and Path(model).suffix == ".pt":
+        from ultralytics.nn.tasks import load_checkpoint
+
+        model = load_checkpoint(model)[0]
+    if isinstance(model, (str, Path, dict)):
+        from ultralytics.nn.tasks import parse_model, yaml_model_load
+
+        cfg = yaml_model_load(model) if not isinstance(model, dict) else model
+        layers, _ = parse_model(deepcopy(cfg), ch=cfg.get("channels", 3), verbose=False)
+        return backbone_stages(layers, cfg, name=_model_name(cfg))
+    return backbone_stages(model.model, getattr(model, "yaml", None), name=_model_name(model))
+
+
+def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model") -> dict[int, tuple[int, ...]]:
+    """Map stage k to the backbone layer indices with output stride 2**k, from a dry run.
+
+    Args:
+        layers: ``model.model`` of an Ultralytics model: layers with ``.f`` (input index) and ``.i`` (own index).
+        cfg: The model's YAML dict; its ``backbone`` list says how many leading layers form the backbone.
+        name: Model name for error messages.
+
+    Returns:
+        (dict[int, tuple[int, ...]]): Stage number to ascending, contiguous layer indices.
+
+    Raises:
+        CheckpointConfigError: When there is no backbone, a backbone layer does not return a feature map, strides
+            are not powers of two growing with depth, or a stage takes input from outside itself.
+    """
+    n = len((cfg or {}).get("backbone") or [])
+    if not n:
+        raise CheckpointConfigError(f"{name} has no backbone section, so it has no checkpoint stages.")
+    param = next(layers.parameters(), None)
+    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
+    x = torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
+    stages: dict[int, list[int]] = {}
+    outputs, modes = [], [m.training for m in layers.modules()]
+    layers.eval()  # eval + no_grad: the dry run must not touch BatchNorm statistics
+    try:
+        with torch.no_grad():
+            for m in list(layers)[:n]:
+                if m.f != -1:
+                    x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
+                x = m(x)
+                outputs.append(x)
+                stride = DRY_RUN_SIZE / x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() == 4 else 0
+                k = math.log2(stride) if stride >= 1 else -1
+                if k < 1 or k != int(k) or (stages and int(k) < max(stages)):
+                    raise CheckpointConfigError(
+                        f"{name} has no recognisable backbone stages: layer {m.i} ({type(m).__name__}) "
+                        f"gives output stride {stride or 'n/a'}, not a growing power of two."
+                    )
+                if int(k) in stages and m.f != -1:
+                    raise CheckpointConfigError(
+                        f"{name} has no recognisable backbone stages: layer {m.i} takes input from layer {m.f}."
+                    )
+                stages.setdefault(int(k), []).append(m.i)
+    finally:
+        for mod, mode in zip(layers.modules(), modes):
+            mod.training = mode
+    return {k: tuple(v) for k, v in stages.items()}

@@ -1,0 +1,307 @@
+"""Deterministic synthetic high-resolution dataset for all five Ultralytics tasks, generated locally.
+
+The recipe lives in ``datasets/synthetic_hr.yaml`` (installed as ``yolo_ckpt.datasets``): 1024x1024 aerial-style
+scenes with many small non-overlapping objects (vehicle, building, tree, boat) on a textured background. The same
+recipe always yields byte-identical PNG images and labels, so runs on different days train on the same data.
+
+Each task gets its own directory under ``<root>/synthetic_hr-v<version>-<hash>/<task>/``, where ``root`` is the
+``root`` argument, else ``$YOLO_CKPT_DATASETS``, else ``~/.cache/yolo_ckpt/datasets``, and ``hash`` is a short hash of
+the recipe content. A task directory is written under a temporary name and renamed into place, so it is either
+complete or absent; an existing one is reused as is. detect, segment, obb and pose share the same images (hard-linked
+when possible) and differ only in their label files. For classify, Ultralytics numbers the classes by sorted directory
+name (boat, building, tree, vehicle), not by the recipe's ``names`` order.
+
+Example:
+    >>> from ultralytics import YOLO
+    >>> from yolo_ckpt.synthetic import synthetic_dataset
+    >>> data = synthetic_dataset("detect")  # .../synthetic_hr-v1-<hash>/detect/data.yaml, generated on first use
+    >>> YOLO("yolo11n.yaml").train(data=str(data), epochs=1, imgsz=1024, batch=2)
+    >>> synthetic_dataset("classify")  # a directory with train/<class>/*.png and val/<class>/*.png
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import yaml
+
+from .resources import data_file
+
+TASKS = ("detect", "segment", "obb", "pose", "classify")
+SCENE_TASKS = ("detect", "segment", "obb", "pose")  # tasks that share the same scene images
+RECIPE_FILE = "synthetic_hr.yaml"
+_SHIFT = 4  # cv2 fixed-point bits: polygons are drawn at 1/16 pixel precision
+_ELLIPSE_POINTS = 24  # polygon vertices used to draw and label an ellipse
+
+
+def recipe() -> dict[str, Any]:
+    """Load the dataset recipe ``synthetic_hr.yaml``.
+
+    Returns:
+        (dict[str, Any]): The parsed recipe.
+    """
+    return yaml.safe_load(_recipe_path().read_text(encoding="utf-8"))
+
+
+def synthetic_dataset(task: str = "detect", root: str | Path | None = None) -> Path:
+    """Generate (once) and return the data path for ``task``.
+
+    Args:
+        task (str): One of ``detect``, ``segment``, ``obb``, ``pose``, ``classify``.
+        root (str | Path | None): Cache root; defaults to ``$YOLO_CKPT_DATASETS``, else ``~/.cache/yolo_ckpt/datasets``.
+
+    Returns:
+        (Path): The data YAML path for detect/segment/pose/obb, or the dataset root directory (holding ``train/`` and
+            ``val/``) for classify, as Ultralytics classification takes a directory.
+
+    Raises:
+        ValueError: If ``task`` is unknown.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}, expected one of {TASKS}")
+    r = recipe()
+    base = _cache_root(root) / dataset_name(r)
+    final = base / task
+    if not final.is_dir():
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = base / f".{task}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"  # unique to this call
+        tmp.mkdir()
+        try:
+            if task == "classify":
+                _write_classify(r, tmp)
+            else:
+                _write_scenes(r, task, tmp, final)
+            try:
+                os.rename(tmp, final)  # atomic; fails if a concurrent caller got there first
+            except OSError:
+                if not final.is_dir():
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final if task == "classify" else final / "data.yaml"
+
+
+def dataset_name(r: dict[str, Any]) -> str:
+    """Return the directory name for a recipe: ``synthetic_hr-v<version>-<8 hex digits of its content hash>``.
+
+    Args:
+        r (dict[str, Any]): A recipe, as returned by :func:`recipe`.
+
+    Returns:
+        (str): The dataset directory name.
+    """
+    digest = hashlib.sha256(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"synthetic_hr-v{r['version']}-{digest}"
+
+
+def _recipe_path() -> Path:
+    """The recipe file, in an installed wheel or a source checkout."""
+    return data_file("datasets", RECIPE_FILE)
+
+
+def _cache_root(root: str | Path | None) -> Path:
+    """Resolve the cache root from the argument, ``$YOLO_CKPT_DATASETS`` or the default."""
+    root = root or os.environ.get("YOLO_CKPT_DATASETS") or Path.home() / ".cache" / "yolo_ckpt" / "datasets"
+    return Path(root).expanduser().resolve()
+
+
+# Scenes: detect, segment, obb, pose ---------------------------------------------------------------------------------
+
+
+def _write_scenes(r: dict[str, Any], task: str, out: Path, final: Path) -> None:
+    """Write images, labels and data.yaml for one scene task into ``out`` (which will be renamed to ``final``)."""
+    names = {int(k): v for k, v in r["names"].items()}
+    for split_idx, split in enumerate(("train", "val")):
+        (out / "images" / split).mkdir(parents=True)
+        (out / "labels" / split).mkdir(parents=True)
+        for i in range(int(r[split])):
+            stem = f"{split}_{i:04d}"
+            rng = np.random.default_rng([int(r["seed"]), 0, split_idx, i])  # own stream per image
+            objects = _scene(rng, r)
+            lines = [_label_line(o, task, r) for o in objects]
+            (out / "labels" / split / f"{stem}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            image = out / "images" / split / f"{stem}.png"
+            if not _link_sibling(final.parent, task, image.relative_to(out), image):
+                _write_png(image, _render(rng, r, objects, int(r["imgsz"])))  # same rng, drawn after the layout
+
+    data: dict[str, Any] = {"path": str(final), "train": "images/train", "val": "images/val", "names": names}
+    if task == "pose":
+        kpts = list(r["keypoints"])
+        data["kpt_shape"] = [len(kpts), int(r["kpt_dims"])]
+        data["flip_idx"] = [int(x) for x in r["flip_idx"]]
+        data["kpt_names"] = {k: list(kpts) for k in names}  # distinct lists: no YAML anchors
+    header = f"# {final.parent.name} ({task}), generated by yolo_ckpt.synthetic from {RECIPE_FILE}; do not edit\n"
+    text = header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True)
+    (out / "data.yaml").write_text(text, encoding="utf-8")
+
+
+def _scene(rng: np.random.Generator, r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Lay out non-overlapping objects fully inside the image.
+
+    Returns:
+        (list[dict[str, Any]]): One dict per object: cls, shape, cx, cy, length, width, angle (radians), color.
+    """
+    size, nc = int(r["imgsz"]), len(r["names"])
+    lo, hi = r["objects"]
+    objects: list[dict[str, Any]] = []
+    for _ in range(int(rng.integers(lo, hi + 1))):
+        for _attempt in range(50):
+            o = _object(rng, r, int(rng.integers(nc)), r["object_size"])
+            rad = o["radius"]
+            o["cx"], o["cy"] = rng.uniform(rad + 1, size - rad - 1, 2)
+            if all(np.hypot(o["cx"] - p["cx"], o["cy"] - p["cy"]) > rad + p["radius"] + 2 for p in objects):
+                objects.append(o)
+                break
+    return objects
+
+
+def _object(rng: np.random.Generator, r: dict[str, Any], cls: int, size_range: list[int]) -> dict[str, Any]:
+    """Draw the class-specific size, aspect, angle and colour of one object (position left to the caller)."""
+    spec = r["shapes"][r["names"][cls]]
+    length = float(rng.uniform(size_range[0], size_range[1]))
+    width = length / float(rng.uniform(*spec["aspect"]))
+    jitter = int(spec["jitter"])
+    color = np.clip(np.array(spec["color"]) + rng.integers(-jitter, jitter + 1, 3), 0, 255)
+    return {
+        "cls": cls,
+        "shape": spec["shape"],
+        "length": length,
+        "width": width,
+        "angle": float(rng.uniform(0, 2 * np.pi)),
+        "color": tuple(int(c) for c in color),
+        "radius": 0.5 * float(np.hypot(length, width)),
+    }
+
+
+def _outline(shape: str) -> np.ndarray:
+    """Return a shape's outline in unit local coordinates: x along the length (front = +0.5), y across (+-0.5)."""
+    if shape == "rect":
+        return np.array([[0.5, -0.5], [0.5, 0.5], [-0.5, 0.5], [-0.5, -0.5]])
+    if shape == "ellipse":
+        t = np.linspace(0, 2 * np.pi, _ELLIPSE_POINTS, endpoint=False)
+        return 0.5 * np.stack([np.cos(t), np.sin(t)], 1)
+    if shape == "hull":
+        return np.array([[0.5, 0.0], [0.25, 0.5], [-0.5, 0.5], [-0.5, -0.5], [0.25, -0.5]])
+    raise ValueError(f"unknown shape {shape!r}, expected rect, ellipse or hull")
+
+
+def _to_image(o: dict[str, Any], local: np.ndarray) -> np.ndarray:
+    """Map unit local points (N, 2) of object ``o`` to image pixel coordinates (N, 2)."""
+    pts = np.asarray(local, dtype=np.float64) * [o["length"], o["width"]]
+    c, s = np.cos(o["angle"]), np.sin(o["angle"])
+    return pts @ np.array([[c, s], [-s, c]]) + [o["cx"], o["cy"]]
+
+
+def _label_line(o: dict[str, Any], task: str, r: dict[str, Any]) -> str:
+    """Format one object as an Ultralytics label row for ``task`` (coordinates normalized to [0, 1])."""
+    size = float(r["imgsz"])
+    poly = _to_image(o, _outline(o["shape"])) / size
+    if task == "segment":
+        values = poly.ravel()
+    elif task == "obb":
+        values = (_to_image(o, _outline("rect")) / size).ravel()
+    else:
+        (x0, y0), (x1, y1) = poly.min(0), poly.max(0)
+        values = np.array([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0])
+        if task == "pose":
+            kpts = np.clip(_to_image(o, np.array(list(r["keypoints"].values()), dtype=np.float64)) / size, 0.0, 1.0)
+            if int(r["kpt_dims"]) == 3:
+                kpts = np.concatenate([kpts, np.full((len(kpts), 1), 2.0)], 1)  # 2 = labelled and visible
+            values = np.concatenate([values, kpts.ravel()])
+    return " ".join([str(o["cls"])] + [f"{v:.6f}" for v in np.clip(values, 0.0, 2.0)])  # objects lie inside the image
+
+
+def _link_sibling(base: Path, task: str, rel: Path, dst: Path) -> bool:
+    """Hard-link ``rel`` from a finished sibling scene task of the same recipe; return whether it worked."""
+    for other in SCENE_TASKS:
+        src = base / other / rel
+        if other != task and src.is_file():
+            try:
+                os.link(src, dst)
+                return True
+            except OSError:
+                return False  # e.g. no hard links on this filesystem: write the file instead
+    return False
+
+
+# Drawing ------------------------------------------------------------------------------------------------------------
+
+
+def _background(rng: np.random.Generator, r: dict[str, Any], size: int) -> np.ndarray:
+    """Aerial-style ground: cubic-upsampled noise octaves, a linear gradient and fine grain (uint8 BGR).
+
+    Octave cells are given per ``imgsz`` pixels, so smaller images (classify) look like crops of the same ground.
+    """
+    bg = r["background"]
+    img = np.zeros((size, size, 3), np.float64) + np.asarray(bg["color"], np.float64)
+    for cells, amp in bg["octaves"]:
+        n = max(2, round(int(cells) * size / int(r["imgsz"])))
+        grid = rng.standard_normal((n, n, 1)) + float(bg["tint"]) * rng.standard_normal((n, n, 3))
+        img += float(amp) * cv2.resize(grid, (size, size), interpolation=cv2.INTER_CUBIC)
+    theta = rng.uniform(0, 2 * np.pi)
+    ramp = (np.arange(size) / size - 0.5) * float(bg["gradient"])
+    img += (np.cos(theta) * ramp[None, :] + np.sin(theta) * ramp[:, None])[..., None]
+    grain = int(bg["grain"])
+    if grain:
+        img += rng.integers(-grain, grain + 1, img.shape)
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
+def _fill(img: np.ndarray, pts: np.ndarray, color: tuple[int, ...]) -> None:
+    """Fill a polygon given in float pixel coordinates, anti-aliased, at 1/16 pixel precision."""
+    fixed = np.rint(pts * (1 << _SHIFT)).astype(np.int32)
+    cv2.fillPoly(img, [fixed], color, lineType=cv2.LINE_AA, shift=_SHIFT)
+
+
+def _draw(img: np.ndarray, o: dict[str, Any]) -> None:
+    """Draw object ``o``: its labelled outline plus an interior detail that marks its front."""
+    _fill(img, _to_image(o, _outline(o["shape"])), o["color"])
+    dark = tuple(int(c * 0.45) for c in o["color"])
+    if o["shape"] == "rect":  # windshield / roof edge band near the front
+        detail = [[0.15, -0.4], [0.3, -0.4], [0.3, 0.4], [0.15, 0.4]]
+    elif o["shape"] == "hull":  # cabin
+        detail = [[-0.3, -0.25], [0.0, -0.25], [0.0, 0.25], [-0.3, 0.25]]
+    else:  # sunlit crown toward the front
+        detail = 0.5 * _outline("ellipse") + [0.15, 0.0]
+        dark = tuple(min(255, int(c * 1.4)) for c in o["color"])
+    _fill(img, _to_image(o, np.asarray(detail, dtype=np.float64)), dark)
+
+
+def _render(rng: np.random.Generator, r: dict[str, Any], objects: list[dict[str, Any]], size: int) -> np.ndarray:
+    """Render a background and draw ``objects`` on it."""
+    img = _background(rng, r, size)
+    for o in objects:
+        _draw(img, o)
+    return img
+
+
+def _write_png(path: Path, img: np.ndarray) -> None:
+    """Write a lossless PNG, raising on failure (cv2.imwrite only returns False)."""
+    if not cv2.imwrite(str(path), img, [cv2.IMWRITE_PNG_COMPRESSION, 3]):
+        raise OSError(f"could not write {path}")
+
+
+# Classification -----------------------------------------------------------------------------------------------------
+
+
+def _write_classify(r: dict[str, Any], out: Path) -> None:
+    """Write ``train/<class>/*.png`` and ``val/<class>/*.png``: small images, each dominated by one object."""
+    c = r["classify"]
+    size = int(c["imgsz"])
+    for split_idx, split in enumerate(("train", "val")):
+        for cls, name in ((int(k), v) for k, v in r["names"].items()):
+            (out / split / name).mkdir(parents=True)
+            for i in range(int(c[split])):
+                rng = np.random.default_rng([int(r["seed"]), 1, split_idx, cls, i])
+                o = _object(rng, r, cls, c["object_size"])
+                o["cx"], o["cy"] = size / 2 + rng.uniform(-0.1, 0.1, 2) * size
+                _write_png(out / split / name / f"{name}_{i:03d}.png", _render(rng, r, [o], size))
