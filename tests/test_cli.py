@@ -81,3 +81,12 @@ def test_model_without_stages_is_rejected(tmp_path):
     out = run("yolo-ckpt", "train", f"model={cfg}", "checkpoint_stages=all", f"project={tmp_path / 'runs'}")
     assert out.returncode == 2 and "no recognisable backbone stages" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_high_resolution_recipe_is_valid():
+    from yolo_ckpt.resources import data_file
+    from yolo_ckpt.stages import CheckpointPlan
+
+    recipe = parse_train_args(["train", f"cfg={data_file('cfg', 'aerial_1280.yaml')}", "epochs=3"])
+    assert recipe["imgsz"] == 1280 and recipe["epochs"] == 3  # the command line wins over the recipe
+    assert CheckpointPlan.from_spec(recipe["model"], recipe["checkpoint_stages"]).stages == [1, 2, 3]
