@@ -171,15 +171,16 @@ def test_nested_with_same_tracker_counts_once():
 
 
 def test_other_threads_are_not_tracked():
-    out = []
+    made_elsewhere: list[torch.Tensor] = []
     with LiveTensorTracker() as tr:
-        th = threading.Thread(target=lambda: out.append(torch.ones(1000)))
+        th = threading.Thread(target=lambda: made_elsewhere.append(torch.ones(1000)))
         th.start()
         th.join()
         assert tr.current == 0  # dispatch modes are thread-local
         mine = torch.ones(1000)
     assert tr.current == 4000
-    del mine, out
+    made_elsewhere.clear()
+    del mine
 
 
 # ---------------------------------------------------------------------------- autograd

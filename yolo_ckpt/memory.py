@@ -75,8 +75,11 @@ class LiveTensorTracker(TorchDispatchMode):
     The tracker never changes numerics: every op is run as ``func(*args, **kwargs)``.
     It sees ops run on the thread that entered it, including autograd backward
     on CPU (which runs on the calling thread) and the recomputation of
-    ``torch.utils.checkpoint``; the autograd engine also carries the mode into
-    its device threads. It counts storages of all devices together.
+    ``torch.utils.checkpoint``. CUDA backward runs on the engine's device
+    threads; the engine copies the caller's thread-local state into them
+    (``GraphTask::thread_locals_``, an ``at::ThreadLocalState`` that includes
+    the dispatch-mode stack), so those ops are seen too. Storages of all
+    devices are counted together.
 
     Not counted: storages created before the tracker started (unless passed to
     :meth:`track`), scratch memory a kernel allocates and frees internally,
@@ -104,8 +107,10 @@ class LiveTensorTracker(TorchDispatchMode):
         >>> tracker.current, tracker.peak
         (0, 8000)
 
-        Across an epoch, enter once and call :meth:`reset_peak` per step to
-        get per-step peaks while ``peak`` resets only when you ask.
+        Over many steps (an epoch), keep one tracker and re-enter it (or stay
+        inside it); ``current`` carries over, and :meth:`reset_peak` starts a
+        new high-water mark from it whenever you want a per-step or
+        per-epoch peak.
     """
 
     def __init__(self) -> None:
@@ -147,7 +152,8 @@ class LiveTensorTracker(TorchDispatchMode):
     # ------------------------------------------------------------ context manager
     def __enter__(self) -> LiveTensorTracker:
         # Nested ``with`` on the same tracker is a no-op: pushing it twice would
-        # run every op through it twice.
+        # run every op through it twice. (The depth is per tracker, not per
+        # thread: use one tracker per thread.)
         if self._depth == 0:
             super().__enter__()
         self._depth += 1
@@ -226,21 +232,29 @@ class LiveTensorTracker(TorchDispatchMode):
 def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
     """Tensor leaves of an op's outputs or arguments.
 
-    Fast path for what ATen ops take and return (a tensor, or a tuple/list of
-    tensors, scalars and ``None``); anything else goes through
-    :func:`torch.utils._pytree.tree_leaves`.
+    Fast path for what ATen ops take and return (tensors, scalars, ``None``
+    and plain tuples/lists/dicts of them); any other container (e.g. a
+    namedtuple) goes through :func:`torch.utils._pytree.tree_leaves`.
     """
     if isinstance(tree, torch.Tensor):
         return [tree]
-    if type(tree) in (tuple, list):
-        res = []
+    res: list[torch.Tensor] = []
+    _collect(tree, res)
+    return res
+
+
+def _collect(tree: Any, res: list[torch.Tensor]) -> None:
+    kind = type(tree)
+    if kind is tuple or kind is list:
         for x in tree:
             if isinstance(x, torch.Tensor):
                 res.append(x)
             elif isinstance(x, (tuple, list, dict)):
-                res.extend(t for t in tree_leaves(x) if isinstance(t, torch.Tensor))
-        return res
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+                _collect(x, res)
+    elif kind is dict:
+        _collect(list(tree.values()), res)
+    elif isinstance(tree, (tuple, list, dict)):
+        res.extend(t for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 # ---------------------------------------------------------------------- CUDA helpers
