@@ -27,6 +27,7 @@ needed here.
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,7 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["LiveTensorTracker", "EpochPeak", "cuda_reset_peak", "cuda_peaks", "GB"]
+__all__ = ["LiveTensorTracker", "EpochPeak", "cuda_reset_peak", "cuda_peaks", "plot_memory", "GB"]
 
 GB = 2**30
 """Bytes per "GB" in reported values (binary GiB, as Ultralytics reports GPU memory)."""
@@ -392,3 +393,34 @@ class EpochPeak:
         if self.tracker.num_ops == self._ops_at_start:
             return {}
         return {"mem/peak_tensor_GB": self.tracker.peak / GB}
+
+
+def plot_memory(csv_file: str | Path) -> Path | None:
+    """Plot the ``mem/*`` columns of an Ultralytics results.csv per epoch into ``memory.png`` beside it.
+
+    Returns:
+        The PNG path, or ``None`` when the file has no memory column (nothing is drawn from nothing).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    csv_file = Path(csv_file)
+    names = [c.strip() for c in csv_file.read_text().splitlines()[0].split(",")]
+    columns = [i for i, c in enumerate(names) if c.startswith("mem/")]
+    if not columns:
+        return None
+    data = np.atleast_2d(np.loadtxt(csv_file, delimiter=",", skiprows=1))
+    fig, ax = plt.subplots(figsize=(6, 4), tight_layout=True)
+    for i in columns:
+        ax.plot(data[:, 0], data[:, i], marker=".", label=names[i].removeprefix("mem/"))
+    top = float(np.nanmax(data[:, columns])) * 1.15
+    ax.set(xlabel="epoch", ylabel="peak memory (GB = 2^30 B)", title="peak memory per epoch", ylim=(0, top))
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = csv_file.with_name("memory.png")
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path

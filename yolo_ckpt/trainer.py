@@ -16,8 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from copy import deepcopy
 from typing import Any
 
 import ultralytics
@@ -26,9 +28,11 @@ from ultralytics.models import yolo
 from ultralytics.utils import LOGGER, YAML, colorstr
 from ultralytics.utils.patches import torch_load
 
-from .model import disable_checkpointing, enable_checkpointing
+from .autobatch import parse_memory, plan_batch
+from .memory import EpochPeak, plot_memory
+from .model import checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .resources import data_file
-from .stages import CheckpointPlan
+from .stages import CheckpointConfigError, CheckpointPlan
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
@@ -44,11 +48,18 @@ class CheckpointMixin:
     - ``get_model``: the training model runs the plan's regions inside checkpoints.
     - ``get_validator``: validators rebuild their arguments with Ultralytics' key check, so they get ours removed.
     - ``save_model``: the EMA that is pickled is always a plain Ultralytics model.
+    - ``auto_batch``: AutoBatch measures the checkpointed model, or plans for ``memory_budget`` on any device.
+    - ``on_train_epoch_start/end`` callbacks, ``save_metrics``, ``plot_metrics``: each epoch's peak memory goes to the
+      console, results.csv and memory.png.
     """
 
     def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: dict | None = None):
         """Initialise like the Ultralytics trainer, with our keys' defaults added to ``cfg``."""
         super().__init__({**DEFAULT_CFG_DICT_CKPT, **cfg2dict(cfg or {})}, overrides, _callbacks)
+        self.epoch_memory: dict[str, float] = {}
+        self.memory_meter: EpochPeak | None = None
+        self.add_callback("on_train_epoch_start", start_epoch_memory)
+        self.add_callback("on_train_epoch_end", stop_epoch_memory)
 
     def check_resume(self, overrides: dict) -> None:
         """Resume like Ultralytics, restore our keys from the checkpoint, then validate ``checkpoint_stages``."""
@@ -60,6 +71,11 @@ class CheckpointMixin:
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         if self.args.model is not None:  # fail fast: one line, before any directory or dataset work
             CheckpointPlan.from_spec(self.args.model, self.args.checkpoint_stages)
+        if self.args.memory_budget is not None:
+            try:
+                parse_memory(self.args.memory_budget)
+            except ValueError as e:
+                raise CheckpointConfigError(str(e)) from None
 
     def get_model(self, cfg=None, weights=None, verbose: bool = True):
         """Build the Ultralytics model and install the checkpoint plan on it."""
@@ -94,6 +110,69 @@ class CheckpointMixin:
         """Save Ultralytics checkpoints of a plain EMA (an EMA deep-copied from the training model has the plan)."""
         disable_checkpointing(self.ema.ema)
         return super().save_model()
+
+    def auto_batch(self, max_num_obj: int = 0, dataset_size: int = 0) -> int:
+        """Choose the batch for the checkpointed model and log what the same memory gives without checkpointing."""
+        model = self.model
+        plain = deepcopy(model)
+        disable_checkpointing(plain)
+        stages = (checkpoint_plan(model) or CheckpointPlan()).stages
+        if self.args.memory_budget is not None:
+            fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
+            imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+            budget = parse_memory(self.args.memory_budget)
+            kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1))
+            LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
+                        f"at imgsz={imgsz} from measured training steps...")
+            chosen, without = plan_batch(model, **kw), plan_batch(plain, **kw)
+            batch, vanilla = chosen.batch, without.batch
+            if dataset_size:
+                batch, vanilla = min(batch, dataset_size), min(vanilla, dataset_size)
+            LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} measures {chosen.measured_bytes / 2**30:.2f} GB "
+                        f"of {chosen.target_bytes / 2**30:.2f} GB")
+        elif self.device.type == "cuda":
+            batch = super().auto_batch(max_num_obj, dataset_size)  # profiles a deepcopy: the plan comes along
+            self.model = plain
+            try:
+                vanilla = super().auto_batch(max_num_obj, dataset_size)
+            finally:
+                self.model = model
+        else:  # Ultralytics returns the default batch off CUDA
+            LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
+            return super().auto_batch(max_num_obj, dataset_size)
+        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with stages {stages} ({vanilla} without)")
+        return batch
+
+    def save_metrics(self, metrics: dict) -> None:
+        """Write results.csv with this epoch's peak memory columns."""
+        super().save_metrics({**metrics, **self.epoch_memory})
+
+    def plot_metrics(self) -> None:
+        """Plot results.png like Ultralytics, and memory per epoch to memory.png beside it."""
+        super().plot_metrics()
+        if path := plot_memory(self.csv):
+            self.on_plot(path)
+
+
+def start_epoch_memory(trainer: CheckpointMixin) -> None:
+    """``on_train_epoch_start``: reset the epoch's peak; on CPU count the live weights, EMA and optimizer state."""
+    if trainer.memory_meter is None:
+        trainer.memory_meter = EpochPeak(trainer.device)
+    if trainer.memory_meter.tracker is not None:
+        held = [trainer.model.parameters(), trainer.model.buffers(), trainer.ema.ema.state_dict(),
+                trainer.optimizer.state_dict()["state"]]
+        trainer.memory_meter.tracker.track([list(h) if not isinstance(h, dict) else h for h in held])
+    trainer.memory_meter.start()
+
+
+def stop_epoch_memory(trainer: CheckpointMixin) -> None:
+    """``on_train_epoch_end``: keep the epoch's peaks for results.csv and print them."""
+    trainer.epoch_memory = trainer.memory_meter.stop()
+    if not trainer.epoch_memory:  # no training step ran: nothing to report, never a made-up 0
+        return
+    what = "allocated/reserved (CUDA allocator)" if trainer.memory_meter.is_cuda else "live tensor bytes (exact, CPU)"
+    values = "/".join(f"{v:.3f}" for v in trainer.epoch_memory.values())
+    LOGGER.info(f"{colorstr('memory:')} epoch {trainer.epoch + 1} peak {values} GB {what}")
 
 
 class DetectionTrainer(CheckpointMixin, yolo.detect.DetectionTrainer):

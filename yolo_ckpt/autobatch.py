@@ -1,0 +1,98 @@
+"""AutoBatch on the checkpointed model: on CUDA with Ultralytics' algorithm, anywhere with an explicit memory budget.
+
+``batch=-1`` (60%) or ``batch=0.x`` asks for the largest batch using that fraction of memory. On CUDA without
+``memory_budget``, Ultralytics' own ``check_train_batch_size`` profiles a copy of the model — the checkpointed one, so
+the recompute is what it measures. With ``memory_budget`` (say ``24GB``, the GPU you plan for), ``plan_batch`` works
+on any device from exact tensor accounting of real training steps:
+
+    memory(b) = model state + step peak(b),  step peak(b) = a·b + c  (measured at b = 1, 2, 4)
+
+Model state is the weights, their EMA copy and two optimizer moments (AdamW; SGD needs one): the tensors a training
+step finds alive. The step peak is exact (``LiveTensorTracker``): activations, gradients, loss. The largest ``b``
+with ``memory(b) <= fraction · budget`` is then verified by measuring a step at ``b`` (and lowered until it fits).
+
+Example:
+    >>> from yolo_ckpt.profiler import build_model
+    >>> plan_batch(build_model("yolo11n.yaml"), imgsz=320, budget=parse_memory("1GB"), fraction=0.6).batch
+    10
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from .profiler import measure_step, training_batch
+
+PROBES = (1, 2, 4)
+_UNITS = {"": 2**30, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
+          "tb": 2**40, "tib": 2**40}
+
+
+def parse_memory(value: str | float | int) -> int:
+    """Bytes of a memory size: ``"24GB"``, ``"512 MiB"``, or a number of GB (GB = 2**30 bytes, as Ultralytics).
+
+    Raises:
+        ValueError: One line naming the accepted forms.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if isinstance(value, bool) or not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise ValueError(f"memory_budget={value!r} is invalid. Valid: a positive size such as 24GB, 512MB, 80GiB or 24.")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def state_bytes(model: nn.Module) -> int:
+    """Bytes of the tensors a training step finds alive: weights + EMA copy + two optimizer moments."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return 2 * weights + 2 * params
+
+
+@dataclass
+class BatchPlan:
+    """A batch chosen for a memory target.
+
+    Attributes:
+        batch (int): The chosen batch size.
+        predicted_bytes (int): Model state plus the fitted step peak at ``batch``.
+        measured_bytes (int): Model state plus the measured step peak at ``batch``.
+        target_bytes (int): ``fraction * budget``.
+    """
+
+    batch: int
+    predicted_bytes: int
+    measured_bytes: int
+    target_bytes: int
+
+
+def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6, max_batch: int = 1024,
+               objects: int = 50) -> BatchPlan:
+    """The largest batch whose measured training step fits ``fraction * budget`` bytes.
+
+    Args:
+        model: The model as it will train (with its checkpoint plan installed, or plain).
+        imgsz: Training image size.
+        budget: Device memory to plan for, in bytes.
+        fraction: Share of ``budget`` to use (Ultralytics: 0.6 for ``batch=-1``).
+        max_batch: Upper clamp, as Ultralytics' 1024.
+        objects: Labelled objects per image in the measured batches.
+
+    Raises:
+        ValueError: When not even batch 1 fits.
+    """
+    static, target = state_bytes(model), int(fraction * budget)
+
+    def measured(b: int) -> int:
+        return static + measure_step(model, training_batch(model, imgsz, b, objects), repeats=0).peak_bytes
+
+    slope, intercept = np.polyfit(PROBES, [measured(b) for b in PROBES], deg=1)
+    b = int(min(max((target - intercept) // slope, 1), max_batch))
+    while (got := measured(b)) > target and b > 1:
+        b = max(1, math.floor(b * target / got))  # the fit was optimistic: shrink in proportion and measure again
+    if got > target:
+        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {got / 2**30:.2f} GB, over {target / 2**30:.2f} GB")
+    return BatchPlan(b, int(slope * b + intercept), got, target)

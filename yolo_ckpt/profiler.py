@@ -1,0 +1,255 @@
+"""Measure what checkpointing buys: per-stage saved bytes and recompute FLOPs, per-plan peak memory and step time.
+
+Every figure is measured on a real training step — ``model.loss(batch)`` forward and backward, the step the trainer
+runs — with exact tensor accounting (``LiveTensorTracker``), ``FlopCounterMode`` (convolutions and matmuls, recompute
+included) and wall-clock time, checkpointed and vanilla side by side in one process.
+
+Example:
+    >>> from yolo_ckpt.profiler import build_model, compare_plans
+    >>> model = build_model("yolo11n.yaml")
+    >>> rows = compare_plans(model, imgsz=320, batch=2, plans={"none": [], "all": "all"}, repeats=1)
+    >>> rows[1]["peak_ratio"] < 0.7
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from .memory import LiveTensorTracker
+from .model import enable_checkpointing
+from .stages import CheckpointPlan, model_stages
+
+OBJECTS_PER_IMAGE = 50  # boxes per image in the measured batch; loss memory grows with them
+
+
+def build_model(cfg: str, nc: int = 80, overrides: dict | None = None) -> nn.Module:
+    """Build the Ultralytics task model for a model YAML (or load a ``.pt``), ready for ``model.loss``."""
+    from ultralytics import YOLO
+    from ultralytics.cfg import get_cfg
+
+    model = YOLO(cfg).model
+    model.args = get_cfg(overrides={"task": getattr(model, "task", None) or "detect", **(overrides or {})})
+    return model.float().train()
+
+
+def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> dict:
+    """A deterministic batch in the format Ultralytics' loss of the model's task expects.
+
+    Args:
+        model: An Ultralytics task model (its class decides the label format).
+        imgsz: Square image side.
+        batch: Images in the batch.
+        objects: Labelled objects per image (detect, segment, pose, obb).
+    """
+    from ultralytics.nn.tasks import ClassificationModel, OBBModel, PoseModel, SegmentationModel
+
+    g = torch.Generator().manual_seed(0)
+    device = next(model.parameters()).device
+    nc = len(model.names) if hasattr(model, "names") else 80
+    b = {"img": torch.rand(batch, model.yaml.get("channels", 3), imgsz, imgsz, generator=g)}
+    if isinstance(model, ClassificationModel):
+        b["cls"] = torch.randint(0, nc, (batch,), generator=g)
+        return {k: v.to(device) for k, v in b.items()}
+    n = batch * objects
+    b["batch_idx"] = torch.arange(batch).repeat_interleave(objects).float()
+    b["cls"] = torch.randint(0, nc, (n, 1), generator=g).float()
+    xywh = torch.cat([torch.rand(n, 2, generator=g) * 0.8 + 0.1, torch.rand(n, 2, generator=g) * 0.08 + 0.02], 1)
+    b["bboxes"] = torch.cat([xywh, torch.rand(n, 1, generator=g)], 1) if isinstance(model, OBBModel) else xywh
+    if isinstance(model, PoseModel):
+        b["keypoints"] = torch.rand(n, *model.kpt_shape, generator=g)
+    if isinstance(model, SegmentationModel):
+        b["masks"] = torch.randint(0, objects + 1, (batch, imgsz // 4, imgsz // 4), generator=g).float()
+    return {k: v.to(device) for k, v in b.items()}
+
+
+@dataclass
+class Step:
+    """One measured training step.
+
+    Attributes:
+        peak_bytes (int): Exact peak of live tensor bytes the step allocated (activations, gradients, loss).
+        flops (int): Convolution/matmul FLOPs of forward, recompute and backward.
+        seconds (float): Median wall-clock time of the step.
+        saved_bytes (int): Tensor bytes still alive after forward, i.e. kept for backward.
+    """
+
+    peak_bytes: int
+    flops: int
+    seconds: float
+    saved_bytes: int
+
+
+def _loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    loss, _ = model.loss(batch)
+    return loss.sum()
+
+
+def measure_step(model: nn.Module, batch: dict, repeats: int = 3) -> Step:
+    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time.
+
+    The model's gradients are cleared first (as ``optimizer.zero_grad()`` does), so each measurement starts like a
+    training step.
+    """
+    model.zero_grad(set_to_none=True)
+    with LiveTensorTracker() as tracker:
+        loss = _loss(model, batch)
+        saved = tracker.current
+        loss.backward()
+        del loss
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        _loss(model, batch).backward()
+    times = []
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        if batch["img"].is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        _loss(model, batch).backward()
+        if batch["img"].is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    return Step(tracker.peak, counter.get_total_flops(), statistics.median(times) if times else 0.0, saved)
+
+
+def with_plan(model: nn.Module, spec: Any) -> nn.Module:
+    """A copy of ``model`` with ``checkpoint_stages=spec`` installed."""
+    m = copy.deepcopy(model)
+    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec))
+    return m
+
+
+def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int = 3,
+                  progress: bool = False) -> list[dict]:
+    """Measure each plan's training step side by side; ratios are to the first plan (vanilla).
+
+    Returns:
+        (list[dict]): One row per plan: name, stages, peak/FLOP/time figures and ratios to the first plan.
+    """
+    from ultralytics.utils import TQDM
+
+    data = training_batch(model, imgsz, batch)
+    rows, base = [], None
+    items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
+    for name, spec in items:
+        step = measure_step(with_plan(model, spec), data, repeats)
+        base = base or step
+        rows.append({
+            "plan": name,
+            "stages": CheckpointPlan.from_spec(model, spec).stages,
+            "peak_MiB": round(step.peak_bytes / 2**20, 1),
+            "GFLOPs": round(step.flops / 1e9, 2),
+            "step_s": round(step.seconds, 4),
+            "peak_ratio": round(step.peak_bytes / base.peak_bytes, 3),
+            "flops_ratio": round(step.flops / base.flops, 3),
+            "time_ratio": round(step.seconds / base.seconds, 3) if base.seconds else None,
+        })
+    return rows
+
+
+def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, ...]]) -> dict[int, int]:
+    """Bytes each stage saves for backward in a plain step, from ``saved_tensors_hooks`` (one count per storage)."""
+    saved: dict[int, dict[int, int]] = {k: {} for k in stages}
+    hooks, contexts = [], {}
+
+    def enter(k):
+        def pack(t):
+            saved[k][t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+            return t
+
+        contexts[k] = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        contexts[k].__enter__()
+
+    for k, layers in stages.items():
+        hooks.append(model.model[layers[0]].register_forward_pre_hook(lambda m, i, k=k: enter(k)))
+        hooks.append(model.model[layers[-1]].register_forward_hook(lambda m, i, o, k=k: contexts[k].__exit__(None, None, None)))
+    try:
+        _loss(model, data)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: sum(v.values()) for k, v in saved.items()}
+
+
+def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False) -> list[dict]:
+    """Per backbone stage: layers, output shape, bytes kept for backward without and with checkpointing, recompute FLOPs.
+
+    Without checkpointing, a stage keeps what its ops save for backward (``saved_tensors_hooks``). Checkpointed, it
+    keeps that minus what checkpointing frees, the drop in exact live tensor bytes after forward when this stage alone
+    is checkpointed. Recompute FLOPs are the extra FLOPs of that step.
+    """
+    from ultralytics.utils import TQDM
+
+    data = training_batch(model, imgsz, batch)
+    stages = model_stages(model)
+    shapes = {}
+    ends = [model.model[layers[-1]] for layers in stages.values()]
+    hooks = [m.register_forward_hook(lambda m, i, o: shapes.__setitem__(m.i, tuple(o.shape))) for m in ends]
+    base = measure_step(model, data, repeats=0)
+    for h in hooks:
+        h.remove()
+    saved = _saved_per_stage(model, data, stages)
+    model.zero_grad(set_to_none=True)
+    rows = []
+    for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
+        step = measure_step(with_plan(model, [k]), data, repeats=0)
+        freed = base.saved_bytes - step.saved_bytes
+        rows.append({
+            "stage": k,
+            "layers": list(stages[k]),
+            "modules": [type(model.model[i]).__name__ for i in stages[k]],
+            "output_shape": list(shapes[stages[k][-1]]),
+            "saved_MiB_vanilla": round(saved[k] / 2**20, 2),
+            "saved_MiB_checkpointed": round((saved[k] - freed) / 2**20, 2),
+            "recompute_GFLOPs": round((step.flops - base.flops) / 1e9, 3),
+        })
+    return rows
+
+
+def standard_plans(model: nn.Module) -> dict[str, Any]:
+    """The plans the profiler compares: none, each single stage, [2,3] and all."""
+    stages = sorted(model_stages(model))
+    plans = {"none": [], **{f"[{k}]": [k] for k in stages}}
+    if {2, 3} <= set(stages):
+        plans["[2,3]"] = [2, 3]
+    plans["all"] = "all"
+    return plans
+
+
+def write_profile(save_dir: Path, stages: list[dict], plans: list[dict]) -> list[Path]:
+    """Write profile.json, plans.csv, stages.csv and a PNG of memory versus time; return the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    save_dir.mkdir(parents=True, exist_ok=True)
+    paths = [save_dir / "profile.json", save_dir / "plans.csv", save_dir / "stages.csv", save_dir / "tradeoff.png"]
+    paths[0].write_text(json.dumps({"stages": stages, "plans": plans}, indent=2))
+    for path, rows in zip(paths[1:3], (plans, stages)):
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    fig, ax = plt.subplots(figsize=(6, 4.5), tight_layout=True)
+    for r in plans:
+        ax.scatter(r["time_ratio"], r["peak_ratio"], color="tab:blue")
+        ax.annotate(r["plan"], (r["time_ratio"], r["peak_ratio"]), textcoords="offset points", xytext=(4, 4))
+    ax.set(xlabel="step time / vanilla", ylabel="peak live tensor bytes / vanilla", title="checkpointing trade-off")
+    ax.grid(alpha=0.3)
+    fig.savefig(paths[3], dpi=150)
+    plt.close(fig)
+    return paths
