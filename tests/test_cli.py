@@ -75,6 +75,15 @@ def test_bad_stages_python_before_dataset_and_run_dir(value, tmp_path):
     assert list(tmp_path.iterdir()) == []  # a dataset error would mean the stages were checked too late
 
 
+def test_bad_budget_cli_before_any_work(tmp_path):
+    out = run("yolo-ckpt", "train", "memory_budget=lots", f"project={tmp_path / 'runs'}",
+              env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == "yolo-ckpt: error: memory_budget='lots' is invalid. Valid: a positive size such as " \
+                                 "24GB, 512MB, 80GiB or 24."
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_model_without_stages_is_rejected(tmp_path):
     cfg = tmp_path / "flat.yaml"
     cfg.write_text("nc: 1\nbackbone:\n  - [-1, 1, Conv, [16, 3, 1]]\nhead:\n  - [[0], 1, Detect, [nc]]\n")

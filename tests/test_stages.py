@@ -74,3 +74,12 @@ def test_model_without_recognisable_stages():
     with pytest.raises(CheckpointConfigError, match="no recognisable backbone stages"):
         CheckpointPlan.from_spec(flat, "all")
     assert CheckpointPlan.from_spec(flat, []).regions == ()  # off needs no stages
+
+
+def test_consecutive_stages_share_a_region_only_where_the_boundary_is_read_by_nothing_else():
+    model = DetectionModel("yolo11n.yaml", verbose=False)
+    plan = CheckpointPlan.from_spec(model, "all")
+    assert [r.layers for r in plan.regions] == [(0, 1, 2, 3, 4), (5, 6), (7, 8, 9, 10)]
+    assert all(r.layers[-1] in model.save for r in plan.regions)  # each boundary is a tensor the neck reads anyway
+    assert [r.stages for r in CheckpointPlan.from_spec(model, [1, 3]).regions] == [(1,), (3,)]  # not consecutive
+    assert plan.stages == [1, 2, 3, 4, 5]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import ultralytics
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 from ultralytics.utils.patches import torch_load
 
 from conftest import TRAIN_ARGS, results
@@ -43,7 +44,8 @@ def assert_same_tensors(a, b, where: str):
 
 def assert_same_training(vanilla, ckpt):
     v_dir, c_dir = Path(vanilla.trainer.save_dir), Path(ckpt.trainer.save_dir)
-    assert results(v_dir) == results(c_dir)  # every loss and metric of every epoch
+    ours = [{k: row[k] for k in base} for row, base in zip(results(c_dir), results(v_dir))]  # + our memory columns
+    assert ours == results(v_dir)  # every loss and metric of every epoch
     # the live training model: weights and BatchNorm running_mean / running_var / num_batches_tracked
     assert_same_tensors(vanilla.trainer.model, ckpt.trainer.model, "model")
     files = sorted(p.name for p in (v_dir / "weights").glob("*.pt"))
@@ -83,8 +85,28 @@ def test_task_trainers_train_like_vanilla(task, model, tmp_path):
 def finished_run(detect_data, tmp_path_factory):
     model = YOLO("yolo11n.yaml")
     model.train(data=detect_data, project=str(tmp_path_factory.mktemp("runs")), name="run", checkpoint_stages=[2, 3],
-                **{**TRAIN_ARGS, "epochs": 1})
+                **{**TRAIN_ARGS, "epochs": 2, "plots": True})
     return Path(model.trainer.save_dir)
+
+
+def test_memory_per_epoch_in_results_and_plot(finished_run):
+    rows = results(finished_run)
+    assert len(rows) == 2 and all(float(r["mem/peak_tensor_GB"]) > 0 for r in rows)
+    weights = sum(t.numel() * t.element_size() for t in ultralytics.YOLO("yolo11n.yaml").model.state_dict().values())
+    assert all(float(r["mem/peak_tensor_GB"]) * 2**30 > weights for r in rows)  # weights are counted, and more
+    png = finished_run / "memory.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and (finished_run / "results.png").exists()
+
+
+def test_memory_column_shows_the_saving(detect_data, tmp_path):
+    """The same run measured with the exact tracker: all stages checkpointed peaks well below no checkpointing."""
+    peaks = {}
+    for stages in ([], "all"):
+        model = YOLO("yolo11n.yaml")
+        model.train(data=detect_data, project=str(tmp_path), name=str(stages), checkpoint_stages=stages,
+                    **{**TRAIN_ARGS, "epochs": 1, "imgsz": 640, "val": False})
+        peaks[str(stages)] = float(results(Path(model.trainer.save_dir))[0]["mem/peak_tensor_GB"])
+    assert 0 < peaks["all"] <= 0.6 * peaks["[]"], peaks
 
 
 def test_saved_files_are_plain_ultralytics(finished_run, detect_data, tmp_path):
@@ -137,4 +159,16 @@ def test_resume_continues_with_the_same_stages(detect_data, tmp_path):
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]
     assert "Resuming training" in log and "stage 2 (P2/4) layers [1, 2]" in log and "stage 3 (P3/8)" in log
+    assert "epoch 2 peak" in log and "GB live tensor bytes (exact, CPU)" in log  # the per-epoch memory line
     assert len(results(tmp_path / "run")) == TRAIN_ARGS["epochs"]
+
+
+def test_tracker_does_not_outlive_a_crash(detect_data, tmp_path):
+    def crash(trainer):
+        raise RuntimeError("crash during the epoch's training steps, while memory is being measured")
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_train_batch_end", crash)
+    with pytest.raises(RuntimeError, match="crash during"):
+        model.train(data=detect_data, project=str(tmp_path), **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})
+    assert _get_current_dispatch_mode() is None

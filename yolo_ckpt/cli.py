@@ -5,7 +5,10 @@ defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo
 checkpointing trainer. Without ``model=`` it builds ``yolo11n.yaml`` (nothing to download), without ``data=`` it
 trains on the embedded synthetic high-resolution dataset. Every other mode is handed to ``yolo`` unchanged.
 
+``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
+
 Example:
+    $ yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4
     $ yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=[2,3]
     $ yolo-ckpt train                       # yolo11n on the embedded dataset, offline
     $ yolo-ckpt val model=runs/detect/train/weights/best.pt data=coco.yaml   # plain `yolo val`
@@ -14,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 from ultralytics.cfg import (
     MODES,
@@ -69,15 +74,14 @@ def parse_train_args(args: list[str]) -> dict:
 
 def train(args: list[str]) -> None:
     """Run ``yolo-ckpt train ...``."""
-    from .stages import CheckpointPlan
-    from .trainer import YOLO
+    from .trainer import YOLO, check_settings
 
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
     task = overrides.pop("task", None)
     overrides["model"] = overrides.get("model") or DEFAULT_MODEL
-    if not overrides.get("resume"):  # reject bad stages before the dataset is generated
-        CheckpointPlan.from_spec(overrides["model"], overrides.get("checkpoint_stages"))
+    if not overrides.get("resume"):  # reject bad settings before the dataset is generated
+        check_settings(overrides["model"], overrides)
     if not overrides.get("data") and not overrides.get("resume"):
         from .synthetic import synthetic_dataset
 
@@ -92,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     from .stages import CheckpointConfigError
 
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["profile"]:
+        profile(args[1:])
+        return 0
     if "train" not in args:
         sys.argv[:] = ["yolo", *args]  # in place: Ultralytics' entrypoint reads its ARGV alias of sys.argv
         entrypoint()
@@ -102,3 +109,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def profile(args: list[str]) -> list[Path]:
+    """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed."""
+    from ultralytics.cfg import get_save_dir
+    from ultralytics.utils import colorstr
+    from ultralytics.utils.torch_utils import select_device
+
+    from .profiler import build_model, compare_plans, profile_stages, standard_plans, write_profile
+    from .trainer import DEFAULT_CFG_DICT_CKPT
+
+    overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
+    cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
+    model_name = overrides.get("model") or DEFAULT_MODEL
+    model = build_model(model_name).to(select_device(cfg.device, verbose=False))
+    cfg.task = cfg.task or model.task
+    batch = int(cfg.batch) if cfg.batch >= 1 else 4
+    stages = profile_stages(model, cfg.imgsz, batch, progress=True)
+    plans = compare_plans(model, cfg.imgsz, batch, standard_plans(model), progress=True)
+    LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
+    for rows in (stages, plans):
+        LOGGER.info("  ".join(f"{k:>14}" for k in rows[0]))
+        for r in rows:
+            LOGGER.info("  ".join(f"{str(v):>14}" for v in r.values()))
+    paths = write_profile(get_save_dir(cfg), stages, plans)
+    LOGGER.info(f"{colorstr('profile:')} results saved to {paths[0].parent}")
+    return paths

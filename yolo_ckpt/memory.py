@@ -365,6 +365,11 @@ class EpochPeak:
         self._running = False
         self._ops_at_start = 0
 
+    @property
+    def running(self) -> bool:
+        """Whether an epoch is being measured (between :meth:`start` and :meth:`stop`)."""
+        return self._running
+
     def start(self) -> None:
         """Begin measuring an epoch."""
         if self._running:

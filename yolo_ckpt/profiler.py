@@ -34,7 +34,7 @@ from .stages import CheckpointPlan, model_stages
 OBJECTS_PER_IMAGE = 50  # boxes per image in the measured batch; loss memory grows with them
 
 
-def build_model(cfg: str, nc: int = 80, overrides: dict | None = None) -> nn.Module:
+def build_model(cfg: str, overrides: dict | None = None) -> nn.Module:
     """Build the Ultralytics task model for a model YAML (or load a ``.pt``), ready for ``model.loss``."""
     from ultralytics import YOLO
     from ultralytics.cfg import get_cfg
@@ -83,12 +83,14 @@ class Step:
         flops (int): Convolution/matmul FLOPs of forward, recompute and backward.
         seconds (float): Median wall-clock time of the step.
         saved_bytes (int): Tensor bytes still alive after forward, i.e. kept for backward.
+        cuda_peak_bytes (int | None): ``torch.cuda.max_memory_allocated`` over the timed steps (CUDA only).
     """
 
     peak_bytes: int
     flops: int
     seconds: float
     saved_bytes: int
+    cuda_peak_bytes: int | None = None
 
 
 def _loss(model: nn.Module, batch: dict) -> torch.Tensor:
@@ -111,18 +113,25 @@ def measure_step(model: nn.Module, batch: dict, repeats: int = 3) -> Step:
     model.zero_grad(set_to_none=True)
     with FlopCounterMode(display=False) as counter:
         _loss(model, batch).backward()
-    times = []
+    cuda = batch["img"].is_cuda
+    times, cuda_peak = [], None
+    if cuda:
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
-        if batch["img"].is_cuda:
+        if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         _loss(model, batch).backward()
-        if batch["img"].is_cuda:
+        if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+    if cuda and repeats:
+        cuda_peak = torch.cuda.max_memory_allocated()
     model.zero_grad(set_to_none=True)
-    return Step(tracker.peak, counter.get_total_flops(), statistics.median(times) if times else 0.0, saved)
+    return Step(tracker.peak, counter.get_total_flops(), statistics.median(times) if times else 0.0, saved, cuda_peak)
 
 
 def with_plan(model: nn.Module, spec: Any) -> nn.Module:
@@ -156,6 +165,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
             "peak_ratio": round(step.peak_bytes / base.peak_bytes, 3),
             "flops_ratio": round(step.flops / base.flops, 3),
             "time_ratio": round(step.seconds / base.seconds, 3) if base.seconds else None,
+            **({"cuda_peak_MiB": round(step.cuda_peak_bytes / 2**20, 1),
+                "cuda_peak_ratio": round(step.cuda_peak_bytes / base.cuda_peak_bytes, 3)} if step.cuda_peak_bytes else {}),
         })
     return rows
 

@@ -9,8 +9,8 @@ Example:
     >>> model = DetectionModel("yolo11n.yaml", verbose=False)
     >>> backbone_stages(model)
     {1: (0,), 2: (1, 2), 3: (3, 4), 4: (5, 6), 5: (7, 8, 9, 10)}
-    >>> CheckpointPlan.from_spec(model, [2, 3]).regions
-    (Region(stage=2, layers=(1, 2)), Region(stage=3, layers=(3, 4)))
+    >>> CheckpointPlan.from_spec(model, [2, 3, 4]).regions  # layer 2's output feeds only layer 3: one region
+    (Region(stages=(2, 3), layers=(1, 2, 3, 4)), Region(stages=(4,), layers=(5, 6)))
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ class Region:
     """A contiguous run of model layers recomputed as one unit during backward.
 
     Attributes:
-        stage (int): Backbone stage k (output stride 2**k) the region covers.
+        stages (tuple[int, ...]): Backbone stages k (output stride 2**k) the region covers, ascending.
         layers (tuple[int, ...]): Indices into ``model.model``, ascending and contiguous.
     """
 
-    stage: int
+    stages: tuple[int, ...]
     layers: tuple[int, ...]
 
 
@@ -65,11 +65,16 @@ class CheckpointPlan:
     @property
     def stages(self) -> list[int]:
         """Checkpointed stage numbers in ascending order."""
-        return [r.stage for r in self.regions]
+        return [k for r in self.regions for k in r.stages]
 
     @classmethod
     def from_spec(cls, model: Any, spec: Any) -> CheckpointPlan:
         """Resolve a ``checkpoint_stages`` value against a model.
+
+        Consecutive requested stages share one region when the tensor between them is read by nothing but the next
+        layer: a region boundary there would keep that tensor alive only for the recompute (for yolo11n at 640 the
+        P1 and P2 outputs are ~10% of the checkpointed peak). Where a later layer reads it anyway (P3, P4 feed the
+        neck), regions stay separate, so no recompute holds more than one stage's activations beyond that.
 
         Args:
             model: A built Ultralytics model, or anything ``model_stages`` accepts (YAML path, dict).
@@ -91,14 +96,21 @@ class CheckpointPlan:
             raise CheckpointConfigError(f"{e.reason} {_valid_hint(stages)}") from None
         if requested == []:
             return cls()
-        stages = model_stages(model)
+        stages, read_later = _analyse(model)
         if requested is None:  # "all"
             requested = sorted(stages)
         if bad := [k for k in requested if k not in stages]:
             raise CheckpointConfigError(
                 f"checkpoint_stages={_show(spec)}: {_model_name(model)} has no stage {bad[0]}.", _valid_hint(stages)
             )
-        return cls(tuple(Region(k, stages[k]) for k in requested))
+        regions: list[Region] = []
+        for k in requested:
+            last = regions[-1] if regions else None
+            if last and last.stages[-1] == k - 1 and last.layers[-1] not in read_later:
+                regions[-1] = Region((*last.stages, k), (*last.layers, *stages[k]))
+            else:
+                regions.append(Region((k,), stages[k]))
+        return cls(tuple(regions))
 
 
 def _show(spec: Any) -> str:
@@ -157,6 +169,11 @@ def model_stages(model: Any) -> dict[int, tuple[int, ...]]:
     Raises:
         CheckpointConfigError: When the model has no recognisable backbone stages.
     """
+    return _analyse(model)[0]
+
+
+def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int]]:
+    """Stages, and the layers whose outputs later layers read by index (Ultralytics' ``model.save``)."""
     if isinstance(model, (str, Path)) and Path(model).suffix == ".pt":
         from ultralytics.nn.tasks import load_checkpoint
 
@@ -165,9 +182,9 @@ def model_stages(model: Any) -> dict[int, tuple[int, ...]]:
         from ultralytics.nn.tasks import parse_model, yaml_model_load
 
         cfg = yaml_model_load(model) if not isinstance(model, dict) else model
-        layers, _ = parse_model(deepcopy(cfg), ch=cfg.get("channels", 3), verbose=False)
-        return backbone_stages(layers, cfg, name=_model_name(cfg))
-    return backbone_stages(model.model, getattr(model, "yaml", None), name=_model_name(model))
+        layers, save = parse_model(deepcopy(cfg), ch=cfg.get("channels", 3), verbose=False)
+        return backbone_stages(layers, cfg, name=_model_name(cfg)), set(save)
+    return backbone_stages(model.model, getattr(model, "yaml", None), name=_model_name(model)), set(model.save)
 
 
 def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model") -> dict[int, tuple[int, ...]]:

@@ -24,19 +24,39 @@ from typing import Any
 
 import ultralytics
 from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict
+from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
 from ultralytics.utils import LOGGER, YAML, colorstr
-from ultralytics.utils.patches import torch_load
+from ultralytics.utils.patches import override_configs, torch_load
 
 from .autobatch import parse_memory, plan_batch
 from .memory import EpochPeak, plot_memory
 from .model import checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .resources import data_file
-from .stages import CheckpointConfigError, CheckpointPlan
+from .stages import CheckpointConfigError, CheckpointPlan, model_stages
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
 PREFIX = colorstr("checkpoint:")
+
+
+def check_settings(model: Any, args: dict) -> None:
+    """Reject bad values of our keys with one line naming what is valid.
+
+    Args:
+        model: The model argument (YAML, ``.pt`` or built model) that ``checkpoint_stages`` refers to, or ``None``.
+        args: Training arguments holding ``checkpoint_stages`` and ``memory_budget``.
+
+    Raises:
+        CheckpointConfigError: For invalid stages of this model or an unreadable memory budget.
+    """
+    if args.get("memory_budget") is not None:
+        try:
+            parse_memory(args["memory_budget"])
+        except ValueError as e:
+            raise CheckpointConfigError(str(e)) from None
+    if model is not None:
+        CheckpointPlan.from_spec(model, args.get("checkpoint_stages"))
 
 
 class CheckpointMixin:
@@ -60,6 +80,7 @@ class CheckpointMixin:
         self.memory_meter: EpochPeak | None = None
         self.add_callback("on_train_epoch_start", start_epoch_memory)
         self.add_callback("on_train_epoch_end", stop_epoch_memory)
+        self.add_callback("teardown", close_epoch_memory)
 
     def check_resume(self, overrides: dict) -> None:
         """Resume like Ultralytics, restore our keys from the checkpoint, then validate ``checkpoint_stages``."""
@@ -69,13 +90,7 @@ class CheckpointMixin:
             saved = torch_load(self.args.resume, map_location="cpu").get("train_args", {})
             for k, default in CKPT_CFG_DICT.items():
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
-        if self.args.model is not None:  # fail fast: one line, before any directory or dataset work
-            CheckpointPlan.from_spec(self.args.model, self.args.checkpoint_stages)
-        if self.args.memory_budget is not None:
-            try:
-                parse_memory(self.args.memory_budget)
-            except ValueError as e:
-                raise CheckpointConfigError(str(e)) from None
+        check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
 
     def get_model(self, cfg=None, weights=None, verbose: bool = True):
         """Build the Ultralytics model and install the checkpoint plan on it."""
@@ -84,9 +99,12 @@ class CheckpointMixin:
         enable_checkpointing(model, plan)
         if not plan.regions:
             LOGGER.info(f"{PREFIX} off, all activations stored")
+        stages = model_stages(model)
         for region in plan.regions:
-            types = ", ".join(type(model.model[i]).__name__ for i in region.layers)
-            LOGGER.info(f"{PREFIX} stage {region.stage} (P{region.stage}/{2**region.stage}) layers {list(region.layers)}: {types}")
+            shared = f", recomputed as one region with stages {list(region.stages)}" if len(region.stages) > 1 else ""
+            for k in region.stages:
+                types = ", ".join(type(model.model[i]).__name__ for i in stages[k])
+                LOGGER.info(f"{PREFIX} stage {k} (P{k}/{2**k}) layers {list(stages[k])}: {types}{shared}")
         return model
 
     @contextmanager
@@ -111,8 +129,18 @@ class CheckpointMixin:
         disable_checkpointing(self.ema.ema)
         return super().save_model()
 
-    def auto_batch(self, max_num_obj: int = 0, dataset_size: int = 0) -> int:
-        """Choose the batch for the checkpointed model and log what the same memory gives without checkpointing."""
+    def auto_batch(self) -> int:
+        """Choose the batch for the checkpointed model and log what the same memory gives without checkpointing.
+
+        Our mixin comes first in the MRO, so this replaces the task trainer's ``auto_batch`` too; it gathers the same
+        dataset facts as Ultralytics' ``DetectionTrainer.auto_batch`` (8.4.190): the most labels in one image, x4 for
+        mosaic, and the number of training images.
+        """
+        with override_configs(self.args, overrides={"cache": False}) as self.args:
+            dataset = self.build_dataset(self.data["train"], mode="train", batch=16)
+        labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]
+        max_num_obj, dataset_size = max((len(x["cls"]) for x in labels), default=0) * 4, len(dataset)
+        del dataset
         model = self.model
         plain = deepcopy(model)
         disable_checkpointing(plain)
@@ -125,21 +153,19 @@ class CheckpointMixin:
             LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
                         f"at imgsz={imgsz} from measured training steps...")
             chosen, without = plan_batch(model, **kw), plan_batch(plain, **kw)
-            batch, vanilla = chosen.batch, without.batch
-            if dataset_size:
-                batch, vanilla = min(batch, dataset_size), min(vanilla, dataset_size)
-            LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} measures {chosen.measured_bytes / 2**30:.2f} GB "
+            batch, vanilla = min(chosen.batch, dataset_size), min(without.batch, dataset_size)
+            LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} measures {chosen.measured_bytes / 2**30:.2f} GB "
                         f"of {chosen.target_bytes / 2**30:.2f} GB")
-        elif self.device.type == "cuda":
-            batch = super().auto_batch(max_num_obj, dataset_size)  # profiles a deepcopy: the plan comes along
+        elif self.device.type == "cuda":  # Ultralytics' AutoBatch profiles a deepcopy: the plan comes along
+            batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
             self.model = plain
             try:
-                vanilla = super().auto_batch(max_num_obj, dataset_size)
+                vanilla = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
             finally:
                 self.model = model
-        else:  # Ultralytics returns the default batch off CUDA
+        else:  # Ultralytics returns its default batch off CUDA
             LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
-            return super().auto_batch(max_num_obj, dataset_size)
+            return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with stages {stages} ({vanilla} without)")
         return batch
 
@@ -215,3 +241,9 @@ class YOLO(ultralytics.YOLO):
     def task_map(self) -> dict:
         """Ultralytics' task map with our trainers in place of its own."""
         return {task: {**v, "trainer": TRAINERS.get(task, v["trainer"])} for task, v in super().task_map.items()}
+
+
+def close_epoch_memory(trainer: CheckpointMixin) -> None:
+    """``teardown`` (also after an exception): never leave the CPU tracker active once training has stopped."""
+    if trainer.memory_meter is not None and trainer.memory_meter.running:
+        trainer.memory_meter.stop()

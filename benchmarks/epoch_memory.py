@@ -1,0 +1,61 @@
+"""Peak memory of real training epochs, checkpointed vs vanilla, from the memory column of results.csv.
+
+Trains the same run in one process (deterministic CPU by default) on the embedded dataset: with plain Ultralytics,
+with ``checkpoint_stages=[]`` (vanilla training, memory measured) and once per plan. Prints each plan's per-epoch
+peak as a ratio to vanilla, whether the losses are identical to plain Ultralytics, and training time as a ratio to
+plain Ultralytics (for ``[]`` that is the cost of measuring memory).
+
+Usage:
+    python benchmarks/epoch_memory.py --model yolo11n.yaml --imgsz 640 --batch 4 --epochs 1 --stages all "[2,3]"
+"""
+
+import argparse
+import ast
+import csv
+import tempfile
+import time
+from pathlib import Path
+
+import ultralytics
+
+from yolo_ckpt import YOLO
+from yolo_ckpt.synthetic import synthetic_dataset
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="yolo11n.yaml")
+    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--stages", nargs="+", default=["all", "[2,3]"])
+    a = p.parse_args()
+    project = Path(tempfile.mkdtemp(prefix="epoch_memory_"))
+    runs, seconds = {}, {}
+    args = dict(data=str(synthetic_dataset("detect")), epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=a.device,
+                workers=0, plots=False, val=False, project=str(project), verbose=False)
+    for spec in ["ultralytics", "[]", *a.stages]:
+        t0 = time.perf_counter()
+        if spec == "ultralytics":
+            ultralytics.YOLO(a.model).train(name=spec, **args)
+        else:
+            YOLO(a.model).train(name=spec, checkpoint_stages=spec if spec == "all" else ast.literal_eval(spec), **args)
+        seconds[spec] = time.perf_counter() - t0
+        with open(project / spec / "results.csv") as f:
+            runs[spec] = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
+    mem = next(k for k in runs["[]"][0] if k.startswith("mem/"))
+    print(f"\n{a.model} imgsz={a.imgsz} batch={a.batch} device={a.device}: per-epoch {mem}")
+    print("| stages | epoch | peak GB | ratio to [] | losses identical to Ultralytics | run time / Ultralytics |")
+    print("|---|---|---|---|---|---|")
+    base_losses = runs.pop("ultralytics")
+    for spec, rows in runs.items():
+        for row, base, plain in zip(rows, runs["[]"], base_losses):
+            same = all(row[k] == plain[k] for k in plain if "loss" in k)
+            ratio = float(row[mem]) / float(base[mem])
+            print(f"| {spec} | {row['epoch']} | {float(row[mem]):.3f} | {ratio:.3f} | {same} | "
+                  f"{seconds[spec] / seconds['ultralytics']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

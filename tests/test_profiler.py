@@ -1,0 +1,59 @@
+"""Profiler figures against independent measurements: tensor sizes, FlopCounterMode on the stage alone."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from yolo_ckpt.profiler import build_model, compare_plans, profile_stages, standard_plans, training_batch
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("yolo11n.yaml")
+
+
+def test_stage_rows_against_independent_figures(model):
+    imgsz, batch = 160, 2
+    rows = {r["stage"]: r for r in profile_stages(model, imgsz, batch)}
+    assert sorted(rows) == [1, 2, 3, 4, 5]
+    # Checkpointed, stage 1 keeps exactly its input for the recompute: the fp32 image batch.
+    assert rows[1]["saved_MiB_checkpointed"] == round(batch * 3 * imgsz * imgsz * 4 / 2**20, 2)
+    assert rows[2]["output_shape"] == [batch, 64, imgsz // 4, imgsz // 4]
+    for k, r in rows.items():
+        assert r["saved_MiB_checkpointed"] < r["saved_MiB_vanilla"]
+        x = training_batch(model, imgsz, batch)["img"]
+        with torch.no_grad():  # the recompute is one forward of the stage: count that forward's FLOPs alone
+            for i in range(r["layers"][0]):
+                x = model.model[i](x)
+            with FlopCounterMode(display=False) as fc:
+                for i in r["layers"]:
+                    x = model.model[i](x)
+        assert r["recompute_GFLOPs"] == pytest.approx(fc.get_total_flops() / 1e9, abs=1e-3), k
+
+
+def test_whole_backbone_meets_the_target(model):
+    """yolo11n, 640, batch 4: all backbone stages at <= 0.55x the vanilla peak for <= 1.15x the FLOPs."""
+    none, every = compare_plans(model, 640, 4, {"none": [], "all": "all"}, repeats=0)
+    assert every["peak_ratio"] <= 0.55 and every["flops_ratio"] <= 1.15, every
+
+
+def test_standard_plans(model):
+    assert list(standard_plans(model)) == ["none", "[1]", "[2]", "[3]", "[4]", "[5]", "[2,3]", "all"]
+
+
+def test_profile_command_writes_results(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", "model=yolo11n.yaml", "imgsz=128", "batch=2",
+                          f"project={tmp_path}", "name=p"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert [r["plan"] for r in saved["plans"]] == ["none", "[1]", "[2]", "[3]", "[4]", "[5]", "[2,3]", "all"]
+    assert saved["plans"][0]["peak_ratio"] == 1.0 and saved["plans"][-1]["peak_ratio"] < 1.0
+    assert all(r["recompute_GFLOPs"] > 0 for r in saved["stages"])
+    for name in ("plans.csv", "stages.csv"):
+        assert len((tmp_path / "p" / name).read_text().splitlines()) == 1 + len(saved[name.split(".")[0]])
+    assert (tmp_path / "p" / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    assert "plans: 100%" in out.stderr + out.stdout  # progress was shown
