@@ -141,9 +141,29 @@ def with_plan(model: nn.Module, spec: Any) -> nn.Module:
     return m
 
 
+def time_steps(models: list[nn.Module], batch: dict, repeats: int) -> list[float]:
+    """Median step time of each model, timed in interleaved rounds so machine drift hits all of them alike."""
+    times: list[list[float]] = [[] for _ in models]
+    cuda = batch["img"].is_cuda
+    for _ in range(repeats):
+        for model, ts in zip(models, times):
+            model.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            _loss(model, batch).backward()
+            if cuda:
+                torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+    return [statistics.median(ts) if ts else 0.0 for ts in times]
+
+
 def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int = 3,
                   progress: bool = False) -> list[dict]:
     """Measure each plan's training step side by side; ratios are to the first plan (vanilla).
+
+    Memory and FLOPs are exact per plan; step times are medians of ``repeats`` interleaved rounds (``time_steps``).
 
     Returns:
         (list[dict]): One row per plan: name, stages, peak/FLOP/time figures and ratios to the first plan.
@@ -151,20 +171,22 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     from ultralytics.utils import TQDM
 
     data = training_batch(model, imgsz, batch)
-    rows, base = [], None
-    items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
-    for name, spec in items:
-        step = measure_step(with_plan(model, spec), data, repeats)
-        base = base or step
+    models = {name: with_plan(model, spec) for name, spec in plans.items()}
+    items = TQDM(models.items(), desc="plans", total=len(models)) if progress else models.items()
+    steps = {name: measure_step(m, data, repeats=1) for name, m in items}  # one timed step each also warms up
+    seconds = time_steps(list(models.values()), data, repeats)
+    rows = []
+    base, base_s = steps[next(iter(steps))], seconds[0]
+    for (name, step), s in zip(steps.items(), seconds):
         rows.append({
             "plan": name,
-            "stages": CheckpointPlan.from_spec(model, spec).stages,
+            "stages": CheckpointPlan.from_spec(model, plans[name]).stages,
             "peak_MiB": round(step.peak_bytes / 2**20, 1),
             "GFLOPs": round(step.flops / 1e9, 2),
-            "step_s": round(step.seconds, 4),
+            "step_s": round(s, 4),
             "peak_ratio": round(step.peak_bytes / base.peak_bytes, 3),
             "flops_ratio": round(step.flops / base.flops, 3),
-            "time_ratio": round(step.seconds / base.seconds, 3) if base.seconds else None,
+            "time_ratio": round(s / base_s, 3) if base_s else None,
             **({"cuda_peak_MiB": round(step.cuda_peak_bytes / 2**20, 1),
                 "cuda_peak_ratio": round(step.cuda_peak_bytes / base.cuda_peak_bytes, 3)} if step.cuda_peak_bytes else {}),
         })
