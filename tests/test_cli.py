@@ -99,3 +99,21 @@ def test_high_resolution_recipe_is_valid():
     recipe = parse_train_args(["train", f"cfg={data_file('cfg', 'aerial_1280.yaml')}", "epochs=3"])
     assert recipe["imgsz"] == 1280 and recipe["epochs"] == 3  # the command line wins over the recipe
     assert CheckpointPlan.from_spec(recipe["model"], recipe["checkpoint_stages"]).stages == [1, 2, 3]
+
+
+def test_resume_without_model_is_one_line(tmp_path):
+    out = run("yolo-ckpt", "train", "resume", f"project={tmp_path}")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "yolo-ckpt: error: resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
+
+
+@pytest.mark.parametrize("args, task", [(["segment", "train"], "segment"), (["train", "model=yolov8n-cls.yaml"], "classify")])
+def test_defaults_follow_the_task(args, task, tmp_path):
+    """Without model= or data=, the task's own model YAML and embedded dataset are used."""
+    out = run("yolo-ckpt", *args, "epochs=1", "imgsz=64", "checkpoint_stages=all", f"project={tmp_path}", "name=r",
+              "plots=False")
+    assert out.returncode == 0, out.stderr[-3000:]
+    import yaml
+
+    saved = yaml.safe_load((tmp_path / "r" / "args.yaml").read_text())
+    assert saved["task"] == task and f"/{task}" in saved["data"]

@@ -2,8 +2,8 @@
 
 ``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
 defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
-checkpointing trainer. Without ``model=`` it builds ``yolo11n.yaml`` (nothing to download), without ``data=`` it
-trains on the embedded synthetic high-resolution dataset. Every other mode is handed to ``yolo`` unchanged.
+checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (nothing to download), without ``data=``
+it trains on the embedded synthetic high-resolution dataset of the model's task. Every other mode is handed to ``yolo`` unchanged.
 
 ``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
 
@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +31,13 @@ from ultralytics.cfg import (
 )
 from ultralytics.utils import LOGGER, YAML, checks
 
-DEFAULT_MODEL = "yolo11n.yaml"
+DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch yolo26n.pt)
+    "detect": "yolo11n.yaml",
+    "segment": "yolo11n-seg.yaml",
+    "pose": "yolo11n-pose.yaml",
+    "obb": "yolo11n-obb.yaml",
+    "classify": "yolo11n-cls.yaml",
+}
 
 
 def parse_train_args(args: list[str]) -> dict:
@@ -45,6 +52,7 @@ def parse_train_args(args: list[str]) -> dict:
     Raises:
         SyntaxError: For unknown keys, as ``yolo`` raises.
     """
+    from .resources import data_file
     from .trainer import DEFAULT_CFG_DICT_CKPT
 
     full = {**DEFAULT_CFG_DICT_CKPT, **dict.fromkeys((*TASKS, *MODES))}
@@ -57,6 +65,9 @@ def parse_train_args(args: list[str]) -> dict:
             except (NameError, SyntaxError, ValueError, AssertionError) as e:
                 check_dict_alignment(full, {a: ""}, e)
             if k == "cfg" and v is not None:  # a custom default.yaml, as in `yolo cfg=custom.yaml`
+                if not Path(v).exists() and Path(v).parent.name in {"", "cfg"}:  # our recipes, also from a wheel
+                    with contextlib.suppress(FileNotFoundError):
+                        v = data_file("cfg", Path(v).name)
                 overrides = {**{k: v for k, v in YAML.load(checks.check_yaml(v)).items() if k != "cfg"}, **overrides}
             else:
                 overrides[k] = v
@@ -74,20 +85,23 @@ def parse_train_args(args: list[str]) -> dict:
 
 def train(args: list[str]) -> None:
     """Run ``yolo-ckpt train ...``."""
+    from .stages import CheckpointConfigError
     from .trainer import YOLO, check_settings
 
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
     task = overrides.pop("task", None)
-    overrides["model"] = overrides.get("model") or DEFAULT_MODEL
-    if not overrides.get("resume"):  # reject bad settings before the dataset is generated
+    if overrides.get("resume") and not overrides.get("model"):
+        raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
+    overrides["model"] = overrides.get("model") or DEFAULT_MODELS.get(task or "detect", DEFAULT_MODELS["detect"])
+    if not overrides.get("resume"):  # reject bad settings before the model is built or the dataset generated
         check_settings(overrides["model"], overrides)
+    model = YOLO(overrides.pop("model"), task=task)
     if not overrides.get("data") and not overrides.get("resume"):
         from .synthetic import synthetic_dataset
 
-        overrides["data"] = str(synthetic_dataset(task or "detect"))
+        overrides["data"] = str(synthetic_dataset(model.task))
         LOGGER.info(f"'data' argument is missing. Using the embedded synthetic dataset 'data={overrides['data']}'.")
-    model = YOLO(overrides.pop("model"), task=task)
     model.train(**overrides)
 
 
@@ -122,7 +136,7 @@ def profile(args: list[str]) -> list[Path]:
 
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
     cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
-    model_name = overrides.get("model") or DEFAULT_MODEL
+    model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
     model = build_model(model_name).to(select_device(cfg.device, verbose=False))
     cfg.task = cfg.task or model.task
     batch = int(cfg.batch) if cfg.batch >= 1 else 4

@@ -38,6 +38,8 @@ from .stages import CheckpointConfigError, CheckpointPlan, model_stages
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
 PREFIX = colorstr("checkpoint:")
+CUDA_MEMORY_KEYS = ("mem/peak_alloc_GB", "mem/peak_reserved_GB")  # results.csv columns, as EpochPeak names them
+CPU_MEMORY_KEYS = ("mem/peak_tensor_GB",)
 
 
 def check_settings(model: Any, args: dict) -> None:
@@ -78,6 +80,7 @@ class CheckpointMixin:
         super().__init__({**DEFAULT_CFG_DICT_CKPT, **cfg2dict(cfg or {})}, overrides, _callbacks)
         self.epoch_memory: dict[str, float] = {}
         self.memory_meter: EpochPeak | None = None
+        self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
         self.add_callback("on_train_epoch_start", start_epoch_memory)
         self.add_callback("on_train_epoch_end", stop_epoch_memory)
         self.add_callback("teardown", close_epoch_memory)
@@ -146,27 +149,40 @@ class CheckpointMixin:
         disable_checkpointing(plain)
         stages = (checkpoint_plan(model) or CheckpointPlan()).stages
         if self.args.memory_budget is not None:
-            fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
-            imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
-            budget = parse_memory(self.args.memory_budget)
-            kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1))
-            LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
-                        f"at imgsz={imgsz} from measured training steps...")
-            chosen, without = plan_batch(model, **kw), plan_batch(plain, **kw)
-            batch, vanilla = min(chosen.batch, dataset_size), min(without.batch, dataset_size)
-            LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} measures {chosen.measured_bytes / 2**30:.2f} GB "
-                        f"of {chosen.target_bytes / 2**30:.2f} GB")
-        elif self.device.type == "cuda":  # Ultralytics' AutoBatch profiles a deepcopy: the plan comes along
-            batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-            self.model = plain
-            try:
-                vanilla = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-            finally:
-                self.model = model
-        else:  # Ultralytics returns its default batch off CUDA
+            return self._plan_for_budget(deepcopy(model), plain, stages, max_num_obj, dataset_size)
+        if self.device.type != "cuda":  # Ultralytics returns its default batch off CUDA
             LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
             return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with stages {stages} ({vanilla} without)")
+        batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)  # profiles a deepcopy: the plan comes along
+        self.model = plain
+        try:
+            self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
+        finally:
+            self.model = model
+        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with stages {stages} ({self.autobatch_without} without)")
+        return batch
+
+    def _plan_for_budget(self, model, plain, stages: list[int], max_num_obj: int, dataset_size: int) -> int:
+        """``memory_budget`` AutoBatch on copies of the model (probe steps would move BatchNorm statistics)."""
+        fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
+        imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+        kw = dict(imgsz=imgsz, budget=parse_memory(self.args.memory_budget), fraction=fraction,
+                  objects=max(max_num_obj, 1))
+        LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
+                    f"at imgsz={imgsz} from measured training steps...")
+        try:
+            chosen = plan_batch(model, **kw)
+        except ValueError as e:
+            raise CheckpointConfigError(f"{e} with stages {stages}; raise memory_budget or lower imgsz") from None
+        try:
+            without = str(plan_batch(plain, **kw).batch)
+        except ValueError:
+            without = "none fits"
+        batch = min(chosen.batch, dataset_size or chosen.batch)
+        cap = f", capped to the {dataset_size} training images" if batch < chosen.batch else ""
+        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} with stages {stages} ({without} without){cap}; "
+                    f"measured {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB")
+        self.autobatch_without = without
         return batch
 
     def save_metrics(self, metrics: dict) -> None:
@@ -193,8 +209,10 @@ def start_epoch_memory(trainer: CheckpointMixin) -> None:
 
 def stop_epoch_memory(trainer: CheckpointMixin) -> None:
     """``on_train_epoch_end``: keep the epoch's peaks for results.csv and print them."""
-    trainer.epoch_memory = trainer.memory_meter.stop()
-    if not trainer.epoch_memory:  # no training step ran: nothing to report, never a made-up 0
+    measured = trainer.memory_meter.stop()
+    keys = CUDA_MEMORY_KEYS if trainer.memory_meter.is_cuda else CPU_MEMORY_KEYS
+    trainer.epoch_memory = {k: measured.get(k, float("nan")) for k in keys}  # fixed columns; NaN = not measured
+    if not measured:  # no training step ran: nothing to report, never a made-up 0
         return
     what = "allocated/reserved (CUDA allocator)" if trainer.memory_meter.is_cuda else "live tensor bytes (exact, CPU)"
     values = "/".join(f"{v:.3f}" for v in trainer.epoch_memory.values())
