@@ -118,7 +118,7 @@ def test_saved_files_are_plain_ultralytics(finished_run, detect_data, tmp_path):
     vanilla = ultralytics.YOLO("yolo11n.yaml").model.state_dict()
     saved = torch_load(finished_run / "weights" / "last.pt")["model"].state_dict()
     assert list(saved) == list(vanilla)
-    # Load, validate and predict in a fresh interpreter where yolo_ckpt cannot be imported, with safe loading on.
+    # Load, validate, predict, export and fine-tune in a fresh interpreter where yolo_ckpt cannot be imported, with safe loading on.
     image = next((Path(detect_data).parent / "images" / "val").iterdir())
     code = f"""
 import sys
@@ -127,11 +127,15 @@ from ultralytics import YOLO
 m = YOLO(r"{finished_run / 'weights' / 'best.pt'}")
 metrics = m.val(data=r"{detect_data}", imgsz=320, batch=4, device="cpu", plots=False, project=r"{tmp_path}")
 boxes = m.predict(r"{image}", imgsz=320, device="cpu")[0].boxes
-print("OK", metrics.box.map50 >= 0, len(boxes) >= 0)
+exported = YOLO(r"{finished_run / 'weights' / 'best.pt'}").export(format="torchscript", imgsz=64)
+tuned = YOLO(r"{finished_run / 'weights' / 'last.pt'}")
+tuned.train(data=r"{detect_data}", epochs=1, imgsz=64, batch=4, workers=0, device="cpu", plots=False, val=False,
+            project=r"{tmp_path}", name="finetune")
+print("OK", metrics.box.map50 >= 0, len(boxes) >= 0, exported.endswith(".torchscript"))
 """
     env = {**__import__("os").environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0 and "OK True True" in out.stdout, out.stderr[-2000:]
+    assert out.returncode == 0 and "OK True True True" in out.stdout, out.stderr[-2000:]
 
 
 def test_settings_are_recorded(finished_run):
