@@ -113,25 +113,14 @@ def measure_step(model: nn.Module, batch: dict, repeats: int = 3) -> Step:
     model.zero_grad(set_to_none=True)
     with FlopCounterMode(display=False) as counter:
         _loss(model, batch).backward()
-    cuda = batch["img"].is_cuda
-    times, cuda_peak = [], None
-    if cuda:
-        model.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+    cuda = batch["img"].is_cuda and repeats > 0
+    if cuda:  # the allocator's own peak over the timed steps, for comparison with the exact tracker
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    for _ in range(repeats):
-        model.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        _loss(model, batch).backward()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    if cuda and repeats:
-        cuda_peak = torch.cuda.max_memory_allocated()
-    model.zero_grad(set_to_none=True)
-    return Step(tracker.peak, counter.get_total_flops(), statistics.median(times) if times else 0.0, saved, cuda_peak)
+    seconds = time_steps([model], batch, repeats)[0]
+    cuda_peak = torch.cuda.max_memory_allocated() if cuda else None
+    return Step(tracker.peak, counter.get_total_flops(), seconds, saved, cuda_peak)
 
 
 def with_plan(model: nn.Module, spec: Any) -> nn.Module:
