@@ -1,6 +1,5 @@
 """checkpoint_region against plain autograd and plain torch.utils.checkpoint."""
 
-import copy
 
 import pytest
 import torch

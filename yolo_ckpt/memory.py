@@ -366,6 +366,11 @@ class EpochPeak:
         self._ops_at_start = 0
 
     @property
+    def keys(self) -> tuple[str, ...]:
+        """Names of the values :meth:`stop` returns on this device (results.csv columns)."""
+        return ("mem/peak_alloc_GB", "mem/peak_reserved_GB") if self.is_cuda else ("mem/peak_tensor_GB",)
+
+    @property
     def running(self) -> bool:
         """Whether an epoch is being measured (between :meth:`start` and :meth:`stop`)."""
         return self._running
@@ -391,13 +396,13 @@ class EpochPeak:
             self._running = False
             torch.cuda.synchronize(self.device)
             alloc, reserved = cuda_peaks(self.device)
-            return {"mem/peak_alloc_GB": alloc / GB, "mem/peak_reserved_GB": reserved / GB}
+            return dict(zip(self.keys, (alloc / GB, reserved / GB)))
         assert self.tracker is not None
         self.tracker.__exit__(None, None, None)  # raises (and stays entered) if not on top
         self._running = False
         if self.tracker.num_ops == self._ops_at_start:
             return {}
-        return {"mem/peak_tensor_GB": self.tracker.peak / GB}
+        return dict(zip(self.keys, (self.tracker.peak / GB,)))
 
 
 def plot_memory(csv_file: str | Path) -> Path | None:

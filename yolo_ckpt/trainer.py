@@ -38,8 +38,6 @@ from .stages import CheckpointConfigError, CheckpointPlan, model_stages
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
 PREFIX = colorstr("checkpoint:")
-CUDA_MEMORY_KEYS = ("mem/peak_alloc_GB", "mem/peak_reserved_GB")  # results.csv columns, as EpochPeak names them
-CPU_MEMORY_KEYS = ("mem/peak_tensor_GB",)
 
 
 def check_settings(model: Any, args: dict) -> None:
@@ -144,15 +142,15 @@ class CheckpointMixin:
         labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]
         max_num_obj, dataset_size = max((len(x["cls"]) for x in labels), default=0) * 4, len(dataset)
         del dataset
+        if self.args.memory_budget is None and self.device.type != "cuda":  # Ultralytics' default batch off CUDA
+            LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
+            return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         model = self.model
         plain = deepcopy(model)
         disable_checkpointing(plain)
         stages = (checkpoint_plan(model) or CheckpointPlan()).stages
         if self.args.memory_budget is not None:
             return self._plan_for_budget(deepcopy(model), plain, stages, max_num_obj, dataset_size)
-        if self.device.type != "cuda":  # Ultralytics returns its default batch off CUDA
-            LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
-            return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)  # profiles a deepcopy: the plan comes along
         self.model = plain
         try:
@@ -210,8 +208,8 @@ def start_epoch_memory(trainer: CheckpointMixin) -> None:
 def stop_epoch_memory(trainer: CheckpointMixin) -> None:
     """``on_train_epoch_end``: keep the epoch's peaks for results.csv and print them."""
     measured = trainer.memory_meter.stop()
-    keys = CUDA_MEMORY_KEYS if trainer.memory_meter.is_cuda else CPU_MEMORY_KEYS
-    trainer.epoch_memory = {k: measured.get(k, float("nan")) for k in keys}  # fixed columns; NaN = not measured
+    keys = trainer.memory_meter.keys  # fixed columns; NaN = not measured
+    trainer.epoch_memory = {k: measured.get(k, float("nan")) for k in keys}
     if not measured:  # no training step ran: nothing to report, never a made-up 0
         return
     what = "allocated/reserved (CUDA allocator)" if trainer.memory_meter.is_cuda else "live tensor bytes (exact, CPU)"
