@@ -1,12 +1,15 @@
 """Stage derivation against an independent reference: the `Pk/2^k` comments of Ultralytics' own model YAMLs."""
 
 import re
+from copy import deepcopy
 from pathlib import Path
 
 import pytest
+import torch
 import ultralytics
-from ultralytics.nn.tasks import DetectionModel
+from ultralytics.nn.tasks import ClassificationModel, DetectionModel
 
+from yolo_ckpt import enable_checkpointing
 from yolo_ckpt.stages import CheckpointConfigError, CheckpointPlan, model_stages, parse_stage_spec
 
 CFG = Path(ultralytics.__file__).parent / "cfg" / "models"
@@ -83,3 +86,34 @@ def test_consecutive_stages_share_a_region_only_where_the_boundary_is_read_by_no
     assert all(r.layers[-1] in model.save for r in plan.regions)  # each boundary is a tensor the neck reads anyway
     assert [r.stages for r in CheckpointPlan.from_spec(model, [1, 3]).regions] == [(1,), (3,)]  # not consecutive
     assert plan.stages == [1, 2, 3, 4, 5]
+
+
+def test_stages_merge_only_where_the_next_stage_reads_the_previous_layer():
+    """Stage 3's first layer reads layer 1, not layer 2: running stages 2 and 3 as one chain would feed it layer 2."""
+    cfg = {"nc": 2, "backbone": [[-1, 1, "Conv", [8, 3, 2]],  # 0-P1/2
+                                 [-1, 1, "Conv", [16, 3, 2]],  # 1-P2/4
+                                 [-1, 1, "Conv", [16, 3, 1]],  # 2 (read by nothing)
+                                 [1, 1, "Conv", [32, 3, 2]]],  # 3-P3/8, from layer 1
+           "head": [[-1, 1, "Classify", ["nc"]]]}
+    model = ClassificationModel(cfg, verbose=False).train()
+    plan = CheckpointPlan.from_spec(model, "all")
+    assert [r.layers for r in plan.regions] == [(0, 1, 2), (3,)]
+    x = torch.rand(2, 3, 64, 64)
+    plain = deepcopy(model)
+    enable_checkpointing(model, plan)
+    for m in (plain, model):
+        m(x).sum().backward()
+    for (k, a), b in zip(plain.named_parameters(), model.parameters()):  # layer 2 feeds nothing: no gradient
+        assert (a.grad is None and b.grad is None) if k.startswith("model.2.") else torch.equal(a.grad, b.grad), k
+
+
+def test_frozen_stages_are_dropped_from_the_plan():
+    model = DetectionModel("yolo11n.yaml", verbose=False)
+    plan = CheckpointPlan.from_spec(model, "all")
+    for name, p in model.named_parameters():  # as Ultralytics' freeze=3: layers 0-2
+        p.requires_grad = not name.startswith(("model.0.", "model.1.", "model.2."))
+    kept, dropped = plan.without_frozen(model)
+    assert dropped == [1, 2] and kept.stages == [3, 4, 5]
+    for name, p in model.named_parameters():  # layer 1 frozen, but layer 0 trains: a gradient flows through it
+        p.requires_grad = not name.startswith("model.1.")
+    assert plan.without_frozen(model) == (plan, [])

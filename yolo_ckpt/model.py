@@ -61,9 +61,12 @@ def _predict_once(model: nn.Module, plan: CheckpointPlan, x, profile=False, embe
             continue
         members = [layers[j] for j in region.layers]
         keep = tuple(j in model.save for j in region.layers[:-1])
-        *kept, x = checkpoint_region(partial(_run_layers, members, keep), x, modules=members)
-        kept = iter(kept)
-        y.extend(next(kept) if k else None for k in keep)
+        outs = checkpoint_region(partial(_run_layers, members, keep), x, modules=members)
+        n = 0  # indexing, not iter()/next(): the loop stays traceable by torch.compile (one graph, no breaks)
+        for k in keep:
+            y.append(outs[n] if k else None)
+            n += k
+        x = outs[-1]
         y.append(x if region.layers[-1] in model.save else None)
         i = region.layers[-1] + 1
     return x

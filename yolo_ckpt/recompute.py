@@ -6,6 +6,13 @@ gradients are), but the saved statistics are not. ``checkpoint_region`` restores
 after the recompute, so any layer with running statistics — BatchNorm of any dimension, SyncBatchNorm, InstanceNorm
 with ``track_running_stats`` — ends the step exactly as without checkpointing.
 
+Under ``torch.compile`` the restore is neither needed nor possible: dynamo turns the checkpoint into a
+``tag_activation_checkpoint`` region of the traced graph; AOTAutograd (behind inductor, the backend Ultralytics
+compiles with, and ``aot_eager``) functionalizes BatchNorm so the graph writes its buffers once; and a compiled
+checkpoint accepts no ``context_fn`` but selective-checkpoint dispatch modes (torch 2.14.1; checked bit for bit in
+``tests/test_compile.py``). Dynamo's debugging ``eager`` backend does not functionalize, and torch's checkpoint then
+fails on the second BatchNorm update with or without yolo-ckpt.
+
 Example:
     >>> import torch
     >>> from torch import nn
@@ -62,4 +69,6 @@ def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.M
     Returns:
         Whatever ``fn`` returns, bit-identical to calling it directly.
     """
+    if torch.compiler.is_compiling():  # BatchNorm is functionalized: the graph writes its buffers once
+        return checkpoint(fn, *args, use_reentrant=False)
     return checkpoint(fn, *args, use_reentrant=False, context_fn=partial(_contexts, tuple(modules)))

@@ -72,9 +72,10 @@ class CheckpointPlan:
         """Resolve a ``checkpoint_stages`` value against a model.
 
         Consecutive requested stages share one region when the tensor between them is read by nothing but the next
-        layer: a region boundary there would keep that tensor alive only for the recompute (for yolo11n at 640 the
-        P1 and P2 outputs are ~10% of the checkpointed peak). Where a later layer reads it anyway (P3, P4 feed the
-        neck), regions stay separate, so no recompute holds more than one stage's activations beyond that.
+        layer, and that layer (the next stage's first) reads nothing else: a region boundary there would keep that
+        tensor alive only for the recompute (for yolo11n at 640 the P1 and P2 outputs are ~10% of the checkpointed
+        peak). Where a later layer reads it anyway (P3, P4 feed the neck), or the next stage takes other inputs,
+        regions stay separate, so no recompute holds more than one stage's activations beyond that.
 
         Args:
             model: A built Ultralytics model, or anything ``model_stages`` accepts (YAML path, dict).
@@ -96,7 +97,7 @@ class CheckpointPlan:
             raise CheckpointConfigError(f"{e.reason} {_valid_hint(stages)}") from None
         if requested == []:
             return cls()
-        stages, read_later = _analyse(model)
+        stages, read_later, chained = _analyse(model)
         if requested is None:  # "all"
             requested = sorted(stages)
         if bad := [k for k in requested if k not in stages]:
@@ -106,11 +107,41 @@ class CheckpointPlan:
         regions: list[Region] = []
         for k in requested:
             last = regions[-1] if regions else None
-            if last and last.stages[-1] == k - 1 and last.layers[-1] not in read_later:
+            merge = last and last.stages[-1] == k - 1 and last.layers[-1] not in read_later and stages[k][0] in chained
+            if merge:
                 regions[-1] = Region((*last.stages, k), (*last.layers, *stages[k]))
             else:
                 regions.append(Region((k,), stages[k]))
         return cls(tuple(regions))
+
+    def without_frozen(self, model: nn.Module) -> tuple[CheckpointPlan, list[int]]:
+        """This plan minus the stages that store nothing for backward: all parameters frozen, no gradient coming in.
+
+        Such a stage (``freeze=`` covering it, behind a frozen stem) keeps no activations even without checkpointing,
+        so recomputing it would only cost time. Call it after the trainer has frozen layers (``requires_grad``).
+
+        Returns:
+            (tuple[CheckpointPlan, list[int]]): The plan of the remaining stages, and the stages dropped.
+        """
+        if not self.regions:
+            return self, []
+        needs_grad = _outputs_needing_grad(model.model)
+        stages = model_stages(model)
+        dropped = [k for k in self.stages if not needs_grad[stages[k][-1]]]
+        if not dropped:
+            return self, []
+        return CheckpointPlan.from_spec(model, [k for k in self.stages if k not in dropped]), dropped
+
+
+def _outputs_needing_grad(layers: nn.Sequential) -> list[bool]:
+    """Per layer: does its output require grad in training (a trainable parameter in it or in anything feeding it)?"""
+    needs: list[bool] = []
+    for i, m in enumerate(layers):
+        sources = [m.f] if isinstance(m.f, int) else m.f
+        inputs = [i + j if j < 0 else j for j in sources]  # -1: the previous layer (the image for layer 0)
+        trainable = any(p.requires_grad for p in m.parameters())
+        needs.append(trainable or any(needs[j] for j in inputs if j >= 0))
+    return needs
 
 
 def _show(spec: Any) -> str:
@@ -172,8 +203,9 @@ def model_stages(model: Any) -> dict[int, tuple[int, ...]]:
     return _analyse(model)[0]
 
 
-def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int]]:
-    """Stages, and the layers whose outputs later layers read by index (Ultralytics' ``model.save``)."""
+def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int], set[int]]:
+    """Stages; the layers whose outputs later layers read by index (Ultralytics' ``model.save``); and the layers
+    that read only the previous layer, so a region may run through them without a second input."""
     if isinstance(model, (str, Path)) and Path(model).suffix == ".pt":
         from ultralytics.nn.tasks import load_checkpoint
 
@@ -183,8 +215,11 @@ def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int]]:
 
         cfg = yaml_model_load(model) if not isinstance(model, dict) else model
         layers, save = parse_model(deepcopy(cfg), ch=cfg.get("channels", 3), verbose=False)
-        return backbone_stages(layers, cfg, name=_model_name(cfg)), set(save)
-    return backbone_stages(model.model, getattr(model, "yaml", None), name=_model_name(model)), set(model.save)
+        name = _model_name(cfg)
+    else:
+        layers, save, cfg, name = model.model, model.save, getattr(model, "yaml", None), _model_name(model)
+    chained = {m.i for m in layers if m.f == -1}
+    return backbone_stages(layers, cfg, name=name), set(save), chained
 
 
 def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model") -> dict[int, tuple[int, ...]]:
