@@ -1,4 +1,4 @@
-"""Tests for yolo_ckpt.memory: exact CPU tensor-memory tracking and CUDA allocator peaks.
+"""Tests for yolo_ckpt.memory: exact CPU tensor-memory tracking and CUDA allocator peaks (RSS: test_epoch_memory).
 
 Every expected number is computed independently of the tracker: from dtype
 sizes, from ``untyped_storage().nbytes()`` of the tensors themselves, from
@@ -18,7 +18,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils.checkpoint import checkpoint
 
-from yolo_ckpt.memory import GB, EpochPeak, LiveTensorTracker, cuda_peaks, cuda_reset_peak
+from yolo_ckpt.memory import LiveTensorTracker, cuda_peaks, cuda_reset_peak
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -334,44 +334,7 @@ def test_tracker_does_not_change_numerics_yolo11n():
     _assert_bitwise(ref[1], got[1])
 
 
-# -------------------------------------------------------------------------- EpochPeak
-def test_epoch_peak_cpu_enter_and_exit_in_different_methods():
-    meter = EpochPeak("cpu")
-    assert meter.tracker is not None
-    with pytest.raises(RuntimeError):
-        meter.stop()
-
-    meter.start()  # __enter__ here ...
-    assert _get_current_dispatch_mode() is meter.tracker
-    a = torch.ones(1000)  # 4000 B
-    b = a * 2  # 4000 B
-    del b
-    stats = meter.stop()  # ... __exit__ here
-    assert _get_current_dispatch_mode() is None
-    assert stats == {"mem/peak_tensor_GB": 8000 / GB}
-
-    meter.start()  # second epoch: a (allocated in epoch 1) is still alive and counts
-    c = torch.ones(500)
-    stats2 = meter.stop()
-    assert stats2 == {"mem/peak_tensor_GB": (4000 + 2000) / GB}
-    del a, c
-
-    meter.start()  # nothing happened: no made-up 0
-    assert meter.stop() == {}
-
-
-def test_epoch_peak_refuses_to_pop_a_foreign_mode():
-    meter = EpochPeak("cpu")
-    meter.start()
-    other = LiveTensorTracker()
-    other.__enter__()
-    with pytest.raises(RuntimeError):
-        meter.stop()
-    assert _get_current_dispatch_mode() is other
-    other.__exit__(None, None, None)
-    meter.tracker.__exit__(None, None, None)
-
-
+# ------------------------------------------------------------------------------- CUDA
 def test_cuda_helpers_reject_cpu_device():
     with pytest.raises(ValueError):
         cuda_reset_peak("cpu")
@@ -379,7 +342,6 @@ def test_cuda_helpers_reject_cpu_device():
         cuda_peaks(torch.device("cpu"))
 
 
-# ------------------------------------------------------------------------------- CUDA
 @needs_cuda
 def test_cuda_peaks_known_allocation():
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -401,25 +363,10 @@ def test_cuda_peaks_known_allocation():
 
 
 @needs_cuda
-def test_epoch_peak_cuda():
-    meter = EpochPeak("cuda")
-    assert meter.tracker is None
-    dev = torch.device("cuda", torch.cuda.current_device())
-    base = torch.cuda.memory_allocated(dev)
-    meter.start()
-    a = torch.empty(2**20, device=dev)
-    b = a + 1
-    del a, b
-    stats = meter.stop()
-    assert set(stats) == {"mem/peak_alloc_GB", "mem/peak_reserved_GB"}
-    assert stats["mem/peak_alloc_GB"] == (base + 8 * 2**20) / GB
-    assert stats["mem/peak_reserved_GB"] >= stats["mem/peak_alloc_GB"]
-
-
-@needs_cuda
 def test_tracker_counts_cuda_tensors():
     with LiveTensorTracker() as tr:
         a = torch.empty(1000, device="cuda")
         assert tr.current == 4000
         del a
     assert (tr.current, tr.peak) == (0, 4000)
+

@@ -1,6 +1,6 @@
-"""Exact memory measurement for training on CPU and CUDA.
+"""How to measure memory: exact live tensor bytes, CUDA allocator peaks, process peak RSS.
 
-Two sources of truth are used, depending on the device:
+Three sources of truth, for three situations:
 
 * **CUDA**: the caching allocator's own statistics
   (:func:`torch.cuda.max_memory_allocated` / :func:`torch.cuda.max_memory_reserved`),
@@ -9,10 +9,14 @@ Two sources of truth are used, depending on the device:
   :class:`LiveTensorTracker` counts the bytes of tensor storages that are
   allocated while it is active and still alive, and keeps their exact
   high-water mark.
+* **CPU under torch.compile**: a dispatch mode cannot run inside compiled
+  graphs (dynamo skips frames while one is active), so the only honest figure
+  is the process's peak resident memory (:func:`rss_peak`, Linux ``VmHWM``,
+  reset by :func:`reset_rss_peak`): weights, activations *and* the interpreter,
+  libraries and data pipeline.
 
-:class:`EpochPeak` picks the right one for a device and reports one epoch's
-peak as named values in GB (``2**30`` bytes, the unit of Ultralytics'
-``GPU_mem`` column).
+What a training run reports per epoch is built on these in
+:mod:`yolo_ckpt.epoch_memory`.
 
 Why not ``torch.distributed._tools.mem_tracker.MemTracker``? It is private API
 (not in the torch docs, may change without notice), imports
@@ -27,15 +31,15 @@ needed here.
 from __future__ import annotations
 
 import weakref
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["LiveTensorTracker", "EpochPeak", "cuda_reset_peak", "cuda_peaks", "plot_memory", "GB"]
+__all__ = ["LiveTensorTracker", "cuda_reset_peak", "cuda_peaks", "reset_rss_peak", "rss_peak", "GB"]
 
 GB = 2**30
 """Bytes per "GB" in reported values (binary GiB, as Ultralytics reports GPU memory)."""
@@ -313,124 +317,23 @@ def cuda_peaks(device: torch.device | str | int | None = None) -> tuple[int, int
         raise RuntimeError(f"CUDA allocator has no statistic {e} for {device!r}") from e
 
 
-# ---------------------------------------------------------------------- epoch peak
-class EpochPeak:
-    """Peak memory of one epoch, device-agnostic: ``start()`` at epoch start, ``stop()`` at the end.
-
-    On CUDA the allocator's peaks are reset at :meth:`start` and read at
-    :meth:`stop`: ``{"mem/peak_alloc_GB", "mem/peak_reserved_GB"}``.
-    On any other device a :class:`LiveTensorTracker` is entered at
-    :meth:`start` and exited at :meth:`stop` (same thread, with any dispatch
-    mode entered in between already exited): ``{"mem/peak_tensor_GB"}``.
-    The same tracker is reused for every epoch, so tensors allocated in an
-    earlier epoch that are still alive (gradients, optimizer state, EMA) keep
-    counting; tensors that existed before the first :meth:`start` (e.g. model
-    parameters) count only if passed to ``self.tracker.track(...)``.
-
-    GB means ``2**30`` bytes. Nothing is ever reported as a made-up 0: if
-    nothing was measured, :meth:`stop` returns ``{}``.
-
-    Example:
-        >>> model = torch.nn.Linear(256, 256)
-        >>> peak = EpochPeak("cpu")
-        >>> peak.tracker.track(model.parameters())  # optional baseline: weights
-        263168
-        >>> for epoch in range(2):
-        ...     peak.start()
-        ...     model(torch.ones(1024, 256)).sum().backward()  # "train_one_epoch()"
-        ...     stats = peak.stop()
-        ...     print(sorted(stats), stats["mem/peak_tensor_GB"] * GB)
-        ['mem/peak_tensor_GB'] 2360324.0
-        ['mem/peak_tensor_GB'] 2623492.0
-
-        Epoch 0 peaks in the forward: weights (263168 B) + input (1048576 B)
-        + output (1048576 B) + the loss (4 B). In epoch 1 the ``.grad`` tensors (263168 B)
-        allocated by epoch 0's backward are still alive and count too.
-    """
-
-    def __init__(self, device: torch.device | str | int | None = None) -> None:
-        """Create the meter.
-
-        Args:
-            device: Training device. An int or ``None`` (with CUDA available)
-                means a CUDA device; ``None`` without CUDA means CPU.
-        """
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if isinstance(device, int):
-            device = torch.device("cuda", device)
-        self.device = torch.device(device)
-        self.is_cuda = self.device.type == "cuda"
-        self.tracker: LiveTensorTracker | None = None if self.is_cuda else LiveTensorTracker()
-        self._running = False
-        self._ops_at_start = 0
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        """Names of the values :meth:`stop` returns on this device (results.csv columns)."""
-        return ("mem/peak_alloc_GB", "mem/peak_reserved_GB") if self.is_cuda else ("mem/peak_tensor_GB",)
-
-    @property
-    def running(self) -> bool:
-        """Whether an epoch is being measured (between :meth:`start` and :meth:`stop`)."""
-        return self._running
-
-    def start(self) -> None:
-        """Begin measuring an epoch."""
-        if self._running:
-            raise RuntimeError("EpochPeak.start() called twice without stop()")
-        if self.is_cuda:
-            cuda_reset_peak(self.device)
-        else:
-            assert self.tracker is not None
-            self.tracker.reset_peak()
-            self._ops_at_start = self.tracker.num_ops
-            self.tracker.__enter__()
-        self._running = True
-
-    def stop(self) -> dict[str, float]:
-        """End the epoch and return its peaks in GB (``{}`` if nothing was measured)."""
-        if not self._running:
-            raise RuntimeError("EpochPeak.stop() called without start()")
-        if self.is_cuda:
-            self._running = False
-            torch.cuda.synchronize(self.device)
-            alloc, reserved = cuda_peaks(self.device)
-            return dict(zip(self.keys, (alloc / GB, reserved / GB)))
-        assert self.tracker is not None
-        self.tracker.__exit__(None, None, None)  # raises (and stays entered) if not on top
-        self._running = False
-        if self.tracker.num_ops == self._ops_at_start:
-            return {}
-        return dict(zip(self.keys, (self.tracker.peak / GB,)))
+# ----------------------------------------------------------------------- process RSS
+_STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
-def plot_memory(csv_file: str | Path) -> Path | None:
-    """Plot the ``mem/*`` columns of an Ultralytics results.csv per epoch into ``memory.png`` beside it.
-
-    Returns:
-        The PNG path, or ``None`` when the file has no memory column (nothing is drawn from nothing).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    csv_file = Path(csv_file)
-    names = [c.strip() for c in csv_file.read_text().splitlines()[0].split(",")]
-    columns = [i for i, c in enumerate(names) if c.startswith("mem/")]
-    if not columns:
+def rss_peak() -> int | None:
+    """Peak resident set size of this process in bytes (Linux ``VmHWM``), or ``None`` where the OS does not say."""
+    try:
+        line = next(x for x in _STATUS.read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
         return None
-    data = np.atleast_2d(np.loadtxt(csv_file, delimiter=",", skiprows=1))
-    fig, ax = plt.subplots(figsize=(6, 4), tight_layout=True)
-    for i in columns:
-        ax.plot(data[:, 0], data[:, i], marker=".", label=names[i].removeprefix("mem/"))
-    top = float(np.nanmax(data[:, columns])) * 1.15
-    ax.set(xlabel="epoch", ylabel="peak memory (GB = 2^30 B)", title="peak memory per epoch", ylim=(0, top))
-    ax.legend()
-    ax.grid(alpha=0.3)
-    path = csv_file.with_name("memory.png")
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
+    return int(line.split()[1]) * 1024  # reported in kB
+
+
+def reset_rss_peak() -> bool:
+    """Restart :func:`rss_peak` from the current RSS (``5`` to ``/proc/self/clear_refs``); ``False`` if impossible."""
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True

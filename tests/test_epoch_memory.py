@@ -1,0 +1,198 @@
+"""Per-epoch peak memory: robust to Ultralytics' event order, and visible in results.csv, the console and loggers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import ultralytics
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from yolo_ckpt import YOLO
+from yolo_ckpt.epoch_memory import EpochPeak, is_compiled
+from yolo_ckpt.memory import GB, LiveTensorTracker
+
+from support import (
+    TRAIN_ARGS,
+    CkptOOMOnce,
+    VanillaOOMOnce,
+    add_counting,
+    assert_recomputed,
+    assert_same_run,
+    forward_counts,
+    results,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+@pytest.fixture(autouse=True)
+def _no_leftover_modes():
+    yield
+    assert _get_current_dispatch_mode() is None, "a test left a dispatch mode on the stack"
+
+
+# ------------------------------------------------------------------------------------------------- the meter
+def test_exact_cpu_epochs():
+    meter = EpochPeak("cpu")
+    assert meter.source == "tensor" and meter.keys == ("mem/peak_tensor_GB",)
+    assert meter.stop() == {}  # never started: nothing measured
+    meter.start()
+    assert _get_current_dispatch_mode() is meter.tracker
+    a = torch.ones(1000)  # 4000 B
+    b = a * 2  # 4000 B
+    del b
+    assert meter.stop() == {"mem/peak_tensor_GB": 8000 / GB}
+    assert _get_current_dispatch_mode() is None
+    meter.start()  # next epoch: a (allocated in epoch 1) is still alive and counts
+    c = torch.ones(500)
+    assert meter.stop() == {"mem/peak_tensor_GB": (4000 + 2000) / GB}
+    del a, c
+    meter.start()  # no op ran: no made-up 0
+    assert meter.stop() == {}
+
+
+@pytest.mark.parametrize("events, expected", [
+    # OOM retry: the epoch restarts without on_train_epoch_end; the peak restarts from what is alive
+    (["start", "alloc 1000", "free", "start", "alloc 250", "stop"], 250 * 4),
+    # an exception mid-epoch: teardown closes; measuring again counts what is still alive
+    (["start", "alloc 1000", "close", "start", "alloc 100", "stop"], (1000 + 100) * 4),
+    # early stop / the final epoch end with a stop and nothing after it; a second stop reports nothing
+    (["start", "alloc 300", "stop", "stop"], None),
+    # resume: a fresh meter whose first event is an epoch start past epoch 1
+    (["start", "alloc 50", "stop"], 50 * 4),
+])
+def test_any_order_of_events(events, expected):
+    meter, held, last = EpochPeak("cpu"), [], {}
+    for e in events:
+        if e.startswith("alloc"):
+            held.append(torch.ones(int(e.split()[1])))
+        elif e == "free":
+            held.clear()
+        else:
+            last = getattr(meter, e)() or {}
+    assert _get_current_dispatch_mode() is None and not meter.running
+    assert last == ({} if expected is None else {"mem/peak_tensor_GB": expected / GB})
+
+
+def test_meter_refuses_to_pop_a_foreign_mode():
+    meter = EpochPeak("cpu")
+    meter.start()
+    other = LiveTensorTracker()
+    other.__enter__()
+    with pytest.raises(RuntimeError):
+        meter.stop()
+    assert _get_current_dispatch_mode() is other
+    other.__exit__(None, None, None)
+    meter.tracker.__exit__(None, None, None)
+
+
+RSS_EPOCHS = """
+from pathlib import Path
+import torch
+from yolo_ckpt.epoch_memory import EpochPeak
+
+def rss():  # resident memory now (VmRSS), independent of the peak (VmHWM) the meter reads
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+meter = EpochPeak("cpu", compiled=True)
+assert meter.source == "rss" and meter.tracker is None and meter.keys == ("mem/peak_rss_GB",)
+meter.start()
+before = rss()
+x = torch.ones(256 * 2**20 // 4)  # 256 MiB, written: resident
+during = rss()
+del x
+first = meter.stop()["mem/peak_rss_GB"] * 2**30
+meter.start()  # the next epoch's peak restarts from the current RSS, below the first epoch's high-water mark
+second = meter.stop()["mem/peak_rss_GB"] * 2**30
+print(before, during, first, second)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="process peak RSS is read from Linux /proc")
+def test_compiled_cpu_runs_report_process_peak_rss():
+    """In a fresh process (a long-lived one may reuse resident pages, so an allocation need not raise its RSS)."""
+    out = subprocess.run([sys.executable, "-c", RSS_EPOCHS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, during, first, second = map(float, out.stdout.split()[-4:])
+    assert during - before >= 250 * 2**20  # the allocation was resident
+    assert first >= during - 2**20  # the epoch's peak covers it (RSS counters are synced in batches: 1 MiB slack)
+    assert second <= first - 200 * 2**20  # reset at the epoch start
+
+
+def test_compiled_models_are_recognised():
+    model = torch.nn.Linear(2, 2)
+    assert not is_compiled(model)
+    assert is_compiled(torch.compile(model))  # lazy: nothing is compiled until called
+
+
+# ----------------------------------------------------------------------------------------- through training
+def test_oom_retry_continues_at_half_the_batch_like_vanilla(detect_data, tmp_path):
+    """Ultralytics halves the batch and restarts the first epoch on a CUDA out-of-memory error; so do we, exactly."""
+    runs = {}
+    for name, trainer, extra in (("vanilla", VanillaOOMOnce, {}), ("ckpt", CkptOOMOnce, {"checkpoint_stages": "all"})):
+        model = ultralytics.YOLO("yolo11n.yaml")
+        add_counting(model)
+        model.train(trainer=trainer, data=detect_data, project=str(tmp_path), name=name,
+                    **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False, "save_period": 1, **extra})
+        assert model.trainer.oom_raised and model.trainer.batch_size == TRAIN_ARGS["batch"] // 2
+        runs[name] = Path(model.trainer.save_dir)
+    assert_recomputed(forward_counts(runs["vanilla"]), forward_counts(runs["ckpt"]), set(range(11)))
+    assert_same_run(runs["vanilla"], runs["ckpt"])
+    assert float(results(runs["ckpt"])[0]["mem/peak_tensor_GB"]) > 0  # the restarted epoch was measured
+
+
+def test_tracker_does_not_outlive_a_crash(detect_data, tmp_path):
+    def crash(trainer):
+        raise RuntimeError("crash during the epoch's training steps, while memory is being measured")
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_train_batch_end", crash)
+    with pytest.raises(RuntimeError, match="crash during"):
+        model.train(data=detect_data, project=str(tmp_path), **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})
+
+
+def test_memory_reaches_ultralytics_tensorboard_logger(detect_data, tmp_path):
+    """Ultralytics' own TensorBoard callback logs the memory columns as it logs metrics, with the same values.
+
+    It runs in a fresh interpreter: Ultralytics switches its loggers off while pytest runs, and the TensorBoard
+    setting is written to a settings file of that run only (``YOLO_CONFIG_DIR``).
+    """
+    code = f"""
+from ultralytics import settings
+settings.update({{"tensorboard": True}})
+from yolo_ckpt import YOLO
+YOLO("yolo11n.yaml").train(data=r"{detect_data}", project=r"{tmp_path}", name="tb", checkpoint_stages=[2, 3],
+                           epochs=2, imgsz=64, batch=4, workers=0, device="cpu", plots=False, val=False)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env.update(YOLO_CONFIG_DIR=str(tmp_path / "config"), YOLO_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    logged = {e.step: e.value for e in events.Scalars("mem/peak_tensor_GB")}
+    csv = {int(r["epoch"]): float(r["mem/peak_tensor_GB"]) for r in results(tmp_path / "tb")}
+    assert set(logged) == set(csv) == {1, 2}
+    assert all(logged[e] == pytest.approx(csv[e], rel=1e-5) and csv[e] > 0 for e in csv)
+
+
+@needs_cuda
+def test_cuda_epochs():
+    meter = EpochPeak("cuda")
+    assert meter.tracker is None
+    dev = torch.device("cuda", torch.cuda.current_device())
+    base = torch.cuda.memory_allocated(dev)
+    meter.start()
+    a = torch.empty(2**20, device=dev)
+    b = a + 1
+    del a, b
+    stats = meter.stop()
+    assert set(stats) == {"mem/peak_alloc_GB", "mem/peak_reserved_GB"}
+    assert stats["mem/peak_alloc_GB"] == (base + 8 * 2**20) / GB
+    assert stats["mem/peak_reserved_GB"] >= stats["mem/peak_alloc_GB"]
