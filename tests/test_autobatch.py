@@ -1,15 +1,18 @@
 """Budget planning against exact tensor accounting of real training steps, and AutoBatch inside the trainer."""
 
-import pytest
-import torch
-
 from pathlib import Path
 
-from conftest import TRAIN_ARGS, results
-from yolo_ckpt import YOLO, CheckpointConfigError, DetectionTrainer
+import pytest
+import torch
+from ultralytics.utils.patches import override_configs
+from ultralytics.utils.torch_utils import unwrap_model
+
+from yolo_ckpt import YOLO, CheckpointConfigError, DetectionTrainer, checkpoint_plan
 from yolo_ckpt.autobatch import parse_memory, plan_batch, state_bytes
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.profiler import build_model, training_batch, with_plan
+
+from support import TRAIN_ARGS, results
 
 
 @pytest.mark.parametrize("text, nbytes", [("24GB", 24 * 2**30), ("512 MiB", 512 * 2**20), (24, 24 * 2**30),
@@ -35,22 +38,31 @@ def measured_step(model, imgsz, batch, objects=50) -> int:
 
 
 def test_budget_gives_checkpointed_yolo11n_at_least_1_6x_the_batch():
-    model, budget, fraction = build_model("yolo11n.yaml"), parse_memory("2GB"), 0.6
-    vanilla = plan_batch(with_plan(model, []), 640, budget, fraction)
+    model, budget, fraction, imgsz = build_model("yolo11n.yaml"), parse_memory("0.75GB"), 0.6, 320
+    vanilla = plan_batch(with_plan(model, []), imgsz, budget, fraction)
     ckpt_model = with_plan(model, "all")
-    ckpt = plan_batch(ckpt_model, 640, budget, fraction)
+    ckpt = plan_batch(ckpt_model, imgsz, budget, fraction)
     assert ckpt.batch >= 1.6 * vanilla.batch, (ckpt, vanilla)
-    assert measured_step(ckpt_model, 640, ckpt.batch) <= fraction * budget  # the chosen batch fits
-    assert measured_step(ckpt_model, 640, ckpt.batch + 1) > fraction * budget  # and is the largest that does
+    assert measured_step(ckpt_model, imgsz, ckpt.batch) <= fraction * budget  # the chosen batch fits
+    assert measured_step(ckpt_model, imgsz, ckpt.batch + 1) > fraction * budget  # and is the largest that does
 
 
 class SpyTrainer(DetectionTrainer):
-    """Records which model tensors AutoBatch changed (its probe steps must run on copies)."""
+    """Records what AutoBatch changed on the model (its probe steps must run on copies), the exact peak of the whole
+    planning (the training model's tensors included), the dtypes its steps ran in and the stages it planned for."""
 
     def auto_batch(self):
-        before = {k: v.clone() for k, v in self.model.state_dict().items()}
-        batch = super().auto_batch()
-        self.touched = [k for k, v in self.model.state_dict().items() if not torch.equal(v, before[k])]
+        model = unwrap_model(self.model)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        dtypes = set()
+        hook = model.model[1].register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))  # copies share the hook
+        with LiveTensorTracker() as tracker:
+            tracker.track([*model.parameters(), *model.buffers()])
+            batch = super().auto_batch()
+        hook.remove()
+        self.planning_peak, self.step_dtypes = tracker.peak, dtypes
+        self.touched = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+        self.planned_stages = checkpoint_plan(model).stages
         return batch
 
 
@@ -62,9 +74,34 @@ def test_trainer_autobatch_plans_for_the_budget(detect_data, tmp_path):
     b = trainer.batch_size
     assert b == trainer.args.batch < 16 and int(trainer.autobatch_without) < b  # planned, not the CPU default 16
     assert trainer.touched == []  # no BatchNorm statistic or weight moved while planning
+    assert trainer.step_dtypes == {torch.float32}  # CPU training runs without autocast, and so did planning
+    # planning itself, copies and probe steps included, stayed inside the share it planned for
+    assert 0 < trainer.planning_peak <= 0.5 * parse_memory("400MB")
     # the real epoch at that batch, measured by the exact tracker, stays within 50% of the budget
     row = results(Path(trainer.save_dir))[0]
     assert 0 < float(row["mem/peak_tensor_GB"]) * 2**30 <= 0.5 * parse_memory("400MB")
+
+
+class BF16Planning(SpyTrainer):
+    """AutoBatch as a CUDA run with ``amp=bf16`` plans; Ultralytics' trainer refuses bf16 autocast on CPU, so the
+    run's AMP state is set only for AutoBatch, and torch's CPU autocast stands in for CUDA's."""
+
+    def auto_batch(self):
+        with override_configs(self.args, {"amp": "bf16"}):
+            self.amp = True
+            try:
+                return super().auto_batch()
+            finally:
+                self.amp = False
+
+
+def test_planning_measures_the_runs_autocast_and_the_plan_that_trains(detect_data, tmp_path):
+    model = YOLO("yolo11n.yaml")
+    model.train(trainer=BF16Planning, data=detect_data, project=str(tmp_path), checkpoint_stages="all", freeze=3,
+                memory_budget="100MB", **{**TRAIN_ARGS, "epochs": 1, "imgsz": 128, "batch": 0.5, "val": False})
+    trainer = model.trainer
+    assert torch.bfloat16 in trainer.step_dtypes  # the probe steps ran under the run's autocast dtype
+    assert trainer.planned_stages == [3, 4, 5]  # frozen stages 1-2 were dropped before measuring
 
 
 def test_bad_budget_rejected_before_any_work(tmp_path):

@@ -106,7 +106,8 @@ def test_resume_without_model_is_one_line(tmp_path):
         "yolo-ckpt: error: resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
 
 
-@pytest.mark.parametrize("args, task", [(["segment", "train"], "segment"), (["train", "model=yolov8n-cls.yaml"], "classify")])
+@pytest.mark.parametrize("args, task", [(["segment", "train"], "segment"),
+                                        (["train", "model=yolov8n-cls.yaml"], "classify")])
 def test_defaults_follow_the_task(args, task, tmp_path):
     """Without model= or data=, the task's own model YAML and embedded dataset are used."""
     out = run("yolo-ckpt", *args, "epochs=1", "imgsz=64", "checkpoint_stages=all", f"project={tmp_path}", "name=r",

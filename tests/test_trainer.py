@@ -1,5 +1,6 @@
 """Checkpointed training against vanilla Ultralytics training: bit for bit, same files, same resume."""
 
+import os
 import pickletools
 import subprocess
 import sys
@@ -7,65 +8,53 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 import ultralytics
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 from ultralytics.utils.patches import torch_load
 
-from conftest import TRAIN_ARGS, results
-from yolo_ckpt import TRAINERS, YOLO, checkpoint_plan
+from yolo_ckpt import TRAINERS, YOLO, CheckpointPlan, checkpoint_plan
+from yolo_ckpt.trainer import CKPT_CFG_DICT, saved_settings
+
+from support import (
+    TRAIN_ARGS,
+    add_counting,
+    assert_recomputed,
+    assert_same_run,
+    forward_counts,
+    results,
+)
+
+BLOCKED = """
+import sys
+sys.modules["yolo_ckpt"] = None  # any pickled reference to our package, or any use of it, fails
+"""
+SAFE = {**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
 
 
-def train_pair(model: str, stages, data: str, project: Path, **kw):
-    """Train vanilla Ultralytics and yolo_ckpt with the same arguments; return both YOLO objects."""
+def train_pair(model: str, stages, data: str, project: Path, **kw) -> tuple[Path, Path]:
+    """Train vanilla Ultralytics and yolo_ckpt with the same arguments, counting layer forwards; return the run dirs."""
     args = {**TRAIN_ARGS, "data": data, "project": str(project), "save_period": 1, **kw}
-    vanilla = ultralytics.YOLO(model)
-    vanilla.train(name="vanilla", **args)
-    ckpt = ultralytics.YOLO(model)
-    ckpt.train(trainer=TRAINERS[ckpt.task], name="ckpt", checkpoint_stages=stages, **args)
-    return vanilla, ckpt
+    dirs = []
+    for name, extra in (("vanilla", {}), ("ckpt", {"checkpoint_stages": stages})):
+        m = ultralytics.YOLO(model)
+        add_counting(m)
+        m.train(**({"trainer": TRAINERS[m.task]} if extra else {}), name=name, **extra, **args)
+        dirs.append(Path(m.trainer.save_dir))
+    return dirs[0], dirs[1]
 
 
-def assert_same_tensors(a, b, where: str):
-    """Every tensor reachable in two checkpoint objects (modules by state_dict, dicts by key) is bitwise equal."""
-    if isinstance(a, torch.nn.Module):
-        a, b = a.state_dict(), b.state_dict()
-        assert list(a) == list(b), where
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_same_tensors(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same_tensors(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-
-
-def assert_same_training(vanilla, ckpt):
-    v_dir, c_dir = Path(vanilla.trainer.save_dir), Path(ckpt.trainer.save_dir)
-    ours = [{k: row[k] for k in base} for row, base in zip(results(c_dir), results(v_dir))]  # + our memory columns
-    assert ours == results(v_dir)  # every loss and metric of every epoch
-    # the live training model: weights and BatchNorm running_mean / running_var / num_batches_tracked
-    assert_same_tensors(vanilla.trainer.model, ckpt.trainer.model, "model")
-    files = sorted(p.name for p in (v_dir / "weights").glob("*.pt"))
-    assert files == sorted(p.name for p in (c_dir / "weights").glob("*.pt")) and len(files) >= 3
-    for name in files:  # epochN.pt keep EMA, optimizer and updates; last/best are Ultralytics-stripped
-        v, c = (torch_load(d / "weights" / name, map_location="cpu") for d in (v_dir, c_dir))
-        for key in ("model", "ema", "optimizer", "updates", "epoch", "best_fitness"):
-            assert_same_tensors(v[key], c[key], f"{name}:{key}")
+def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path) -> None:
+    """Bit for bit the same run, and the plan's layers were recomputed in every step (the forward counts)."""
+    layers = {i for r in CheckpointPlan.from_spec(model, stages).regions for i in r.layers}
+    assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), layers)
+    assert_same_run(vanilla, ckpt)
 
 
 def test_yolo11n_all_stages_bitwise_equal_to_vanilla(detect_data, tmp_path):
-    vanilla, ckpt = train_pair("yolo11n.yaml", "all", detect_data, tmp_path)
-    assert checkpoint_plan(ckpt.trainer.model).stages == [1, 2, 3, 4, 5]  # the plan really ran
-    assert_same_training(vanilla, ckpt)
+    assert_same_training("yolo11n.yaml", "all", *train_pair("yolo11n.yaml", "all", detect_data, tmp_path))
 
 
 def test_yolov8n_stages_2_3_bitwise_equal_to_vanilla(detect_data, tmp_path):
-    vanilla, ckpt = train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path)
-    assert checkpoint_plan(ckpt.trainer.model).stages == [2, 3]
-    assert_same_training(vanilla, ckpt)
+    assert_same_training("yolov8n.yaml", [2, 3], *train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path))
 
 
 @pytest.mark.parametrize("task, model", [("segment", "yolo11n-seg.yaml"), ("pose", "yolo26n-pose.yaml"),
@@ -75,10 +64,8 @@ def test_task_trainers_train_like_vanilla(task, model, tmp_path):
 
     data = str(synthetic_dataset(task))
     imgsz = 64 if task == "classify" else 256
-    vanilla, ckpt = train_pair(model, "all", data, tmp_path, epochs=1, imgsz=imgsz)
-    assert isinstance(ckpt.trainer, TRAINERS[task])
-    assert checkpoint_plan(ckpt.trainer.model).regions
-    assert_same_training(vanilla, ckpt)
+    pair = train_pair(model, "all", data, tmp_path, epochs=1, imgsz=imgsz)
+    assert_same_training(model, "all", *pair)
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +105,10 @@ def test_saved_files_are_plain_ultralytics(finished_run, detect_data, tmp_path):
     vanilla = ultralytics.YOLO("yolo11n.yaml").model.state_dict()
     saved = torch_load(finished_run / "weights" / "last.pt")["model"].state_dict()
     assert list(saved) == list(vanilla)
-    # Load, validate, predict, export and fine-tune in a fresh interpreter where yolo_ckpt cannot be imported, with safe loading on.
+    # Load, validate, predict, export and fine-tune in a fresh interpreter where yolo_ckpt cannot be imported,
+    # with safe loading on.
     image = next((Path(detect_data).parent / "images" / "val").iterdir())
-    code = f"""
-import sys
-sys.modules["yolo_ckpt"] = None  # any pickled reference to our package would fail to import
+    code = BLOCKED + f"""
 from ultralytics import YOLO
 m = YOLO(r"{finished_run / 'weights' / 'best.pt'}")
 metrics = m.val(data=r"{detect_data}", imgsz=320, batch=4, device="cpu", plots=False, project=r"{tmp_path}")
@@ -133,8 +119,7 @@ tuned.train(data=r"{detect_data}", epochs=1, imgsz=64, batch=4, workers=0, devic
             project=r"{tmp_path}", name="finetune")
 print("OK", metrics.box.map50 >= 0, len(boxes) >= 0, exported.endswith(".torchscript"))
 """
-    env = {**__import__("os").environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SAFE, timeout=300)
     assert out.returncode == 0 and "OK True True True" in out.stdout, out.stderr[-2000:]
 
 
@@ -145,19 +130,28 @@ def test_settings_are_recorded(finished_run):
     assert torch_load(finished_run / "weights" / "last.pt")["model"].args["checkpoint_stages"] == [2, 3]
 
 
-def test_resume_continues_with_the_same_stages(detect_data, tmp_path):
-    class Interrupt(Exception):
-        pass
+class Interrupt(Exception):
+    """Raised after an epoch's checkpoint is written: last.pt is then an unfinished, resumable checkpoint."""
 
-    def stop_after_first_epoch(trainer):
-        raise Interrupt  # after save_model: last.pt is an unfinished, resumable checkpoint
+
+def interrupted_run(data: str, project: Path, **kw) -> tuple[YOLO, Path]:
+    """A yolo-ckpt run (stages [2,3]) that fails after its first epoch; return the model object and its last.pt."""
+    def stop(trainer):
+        raise Interrupt
 
     model = YOLO("yolo11n.yaml")
-    model.add_callback("on_fit_epoch_end", stop_after_first_epoch)
+    model.add_callback("on_fit_epoch_end", stop)
     with pytest.raises(Interrupt):
-        model.train(data=detect_data, project=str(tmp_path), name="run", checkpoint_stages=[2, 3], **TRAIN_ARGS)
-    last = tmp_path / "run" / "weights" / "last.pt"
-    assert torch_load(last)["train_args"]["checkpoint_stages"] == [2, 3]
+        model.train(data=data, project=str(project), name="run", checkpoint_stages=[2, 3],
+                    **{**TRAIN_ARGS, "imgsz": 160, **kw})
+    return model, project / "run" / "weights" / "last.pt"
+
+
+def test_resume_continues_with_the_same_stages(detect_data, tmp_path):
+    _, last = interrupted_run(detect_data, tmp_path)
+    ckpt = torch_load(last)
+    assert not set(CKPT_CFG_DICT) & set(ckpt["train_args"])  # what plain Ultralytics validates on resume
+    assert saved_settings(ckpt)["checkpoint_stages"] == [2, 3]
     out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "train", "resume", f"model={last}"],
                          capture_output=True, text=True, timeout=600)
     log = out.stdout + out.stderr
@@ -167,12 +161,43 @@ def test_resume_continues_with_the_same_stages(detect_data, tmp_path):
     assert len(results(tmp_path / "run")) == TRAIN_ARGS["epochs"]
 
 
-def test_tracker_does_not_outlive_a_crash(detect_data, tmp_path):
-    def crash(trainer):
-        raise RuntimeError("crash during the epoch's training steps, while memory is being measured")
+def test_plain_yolo_resumes_an_interrupted_run(detect_data, tmp_path):
+    """`yolo train resume` of an unfinished yolo-ckpt run finishes it as plain training, without yolo_ckpt."""
+    _, last = interrupted_run(detect_data, tmp_path)
+    code = BLOCKED + f"from ultralytics.cfg import entrypoint\nentrypoint('yolo train resume model={last}')\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SAFE, timeout=600)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    assert "Resuming training" in log and "checkpoint:" not in log
+    rows = results(tmp_path / "run")
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    assert rows[0]["mem/peak_tensor_GB"] and not rows[1]["mem/peak_tensor_GB"]  # epoch 2 trained plainly
 
-    model = YOLO("yolo11n.yaml")
-    model.add_callback("on_train_batch_end", crash)
-    with pytest.raises(RuntimeError, match="crash during"):
-        model.train(data=detect_data, project=str(tmp_path), **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})
-    assert _get_current_dispatch_mode() is None
+
+def test_failed_training_leaves_nothing_of_ours(detect_data, tmp_path):
+    """After a crash, YOLO.model is plain: saving it, or what the run saved, needs no yolo_ckpt to load."""
+    model, last = interrupted_run(detect_data, tmp_path)
+    assert checkpoint_plan(model.model) is None
+    tuned = YOLO(str(last))  # a .pt fine-tune that fails in its first step
+
+    def crash(trainer):
+        raise RuntimeError("crash in the first training step")
+
+    tuned.add_callback("on_train_batch_end", crash)
+    with pytest.raises(RuntimeError, match="crash in the first"):
+        tuned.train(data=detect_data, project=str(tmp_path), name="tune", checkpoint_stages="all",
+                    **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})
+    assert checkpoint_plan(tuned.model) is None
+    model.save(tmp_path / "yaml_after_crash.pt")
+    tuned.save(tmp_path / "pt_after_crash.pt")
+    files = [tmp_path / "yaml_after_crash.pt", tmp_path / "pt_after_crash.pt", last]
+    code = BLOCKED + f"from ultralytics import YOLO\nfor f in {[str(f) for f in files]!r}:\n    YOLO(f)\nprint('OK')\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SAFE, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-2000:]
+
+
+def test_frozen_stages_are_not_recomputed(detect_data, tmp_path):
+    """freeze=3 freezes layers 0-2 behind the image: stages 1 and 2 store nothing, so only stages 3-5 recompute."""
+    vanilla, ckpt = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, epochs=1, imgsz=160, freeze=3)
+    assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), set(range(3, 11)))
+    assert_same_run(vanilla, ckpt)

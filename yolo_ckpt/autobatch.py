@@ -5,16 +5,22 @@
 the recompute is what it measures. With ``memory_budget`` (say ``24GB``, the GPU you plan for), ``plan_batch`` works
 on any device from exact tensor accounting of real training steps:
 
-    memory(b) = model state + step peak(b),  step peak(b) = a·b + c  (measured at b = 1, 2, 4)
+    memory(b) = model state + batch(b) + step peak(b),  step peak(b) = a·b + c  (measured at b = 1, 2, 4)
 
 Model state is the weights, their EMA copy and two optimizer moments (AdamW; SGD needs one): the tensors a training
-step finds alive. The step peak is exact (``LiveTensorTracker``): activations, gradients, loss. The largest ``b``
-with ``memory(b) <= fraction · budget`` is then verified by measuring a step at ``b`` (and lowered until it fits).
+step finds alive; the batch is the images and labels on the device. The step peak is exact (``LiveTensorTracker``):
+activations, gradients, loss, with the forward under the run's autocast dtype (fp16/bf16 on CUDA), as Ultralytics'
+loop runs it. The largest ``b`` with ``memory(b) <= fraction · budget`` is then verified by measuring a step at ``b``
+(and lowered until it fits).
+
+Planning stays inside the share it plans for: a probe at ``b`` runs only if ``b`` times the step at 1 (an upper bound,
+the step being ``a·b + c`` with ``c >= 0``) fits; only memory is measured (no FLOP counting, which keeps checkpointed
+activations alive); and the caller plans on one copy of the model at a time, which ``state_bytes`` covers.
 
 Example:
     >>> from yolo_ckpt.profiler import build_model
     >>> plan_batch(build_model("yolo11n.yaml"), imgsz=320, budget=parse_memory("1GB"), fraction=0.6).batch
-    10
+    9
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import nn
 
-from .profiler import measure_step, training_batch
+from .profiler import measure_peak, training_batch
 
 PROBES = (1, 2, 4)
 _UNITS = {"": 2**30, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
@@ -41,7 +48,9 @@ def parse_memory(value: str | float | int) -> int:
     """
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if isinstance(value, bool) or not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
-        raise ValueError(f"memory_budget={value!r} is invalid. Valid: a positive size such as 24GB, 512MB, 80GiB or 24.")
+        raise ValueError(
+            f"memory_budget={value!r} is invalid. Valid: a positive size such as 24GB, 512MB, 80GiB or 24."
+        )
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
@@ -70,7 +79,7 @@ class BatchPlan:
 
 
 def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6, max_batch: int = 1024,
-               objects: int = 50) -> BatchPlan:
+               objects: int = 50, amp: torch.dtype | None = None) -> BatchPlan:
     """The largest batch whose measured training step fits ``fraction * budget`` bytes.
 
     Args:
@@ -80,6 +89,7 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
         fraction: Share of ``budget`` to use (Ultralytics: 0.6 for ``batch=-1``).
         max_batch: Upper clamp, as Ultralytics' 1024.
         objects: Labelled objects per image in the measured batches.
+        amp: Autocast dtype the run trains with (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
 
     Raises:
         ValueError: When not even batch 1 fits.
@@ -87,12 +97,24 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
     static, target = state_bytes(model), int(fraction * budget)
 
     def measured(b: int) -> int:
-        return static + measure_step(model, training_batch(model, imgsz, b, objects), repeats=0).peak_bytes
+        batch = training_batch(model, imgsz, b, objects)  # on the device for the whole step, as the trainer's batch
+        inputs = sum(t.untyped_storage().nbytes() for t in batch.values())
+        return static + inputs + measure_peak(model, batch, amp)[0]
 
-    slope, intercept = np.polyfit(PROBES, [measured(b) for b in PROBES], deg=1)
+    points = {1: measured(1)}
+    if points[1] > target:
+        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {points[1] / 2**30:.2f} GB, "
+                         f"over {target / 2**30:.2f} GB")
+    for b in PROBES[1:]:  # a step at b needs at most b times the step at 1: probe only where that still fits
+        if static + b * (points[1] - static) > target:
+            break
+        points[b] = measured(b)
+    if len(points) == 1:  # a larger batch might fit, but finding out could need more than the share
+        return BatchPlan(1, points[1], points[1], target)
+    slope, intercept = np.polyfit(list(points), list(points.values()), deg=1)
     b = int(min(max((target - intercept) // slope, 1), max_batch))
-    while (got := measured(b)) > target and b > 1:
+    got = points[b] if b in points else measured(b)
+    while got > target and b > 1:
         b = max(1, math.floor(b * target / got))  # the fit was optimistic: shrink in proportion and measure again
-    if got > target:
-        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {got / 2**30:.2f} GB, over {target / 2**30:.2f} GB")
+        got = points[b] if b in points else measured(b)
     return BatchPlan(b, int(slope * b + intercept), got, target)

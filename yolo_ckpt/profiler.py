@@ -93,34 +93,53 @@ class Step:
     cuda_peak_bytes: int | None = None
 
 
-def _loss(model: nn.Module, batch: dict) -> torch.Tensor:
-    loss, _ = model.loss(batch)
-    return loss.sum()
+def _loss(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> torch.Tensor:
+    """The trainer's forward: ``model.loss`` under autocast of ``amp``, as Ultralytics' loop; backward is outside."""
+    with torch.autocast(batch["img"].device.type, dtype=amp, enabled=amp is not None):
+        loss, _ = model.loss(batch)
+        return loss.sum()
 
 
-def measure_step(model: nn.Module, batch: dict, repeats: int = 3) -> Step:
-    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time.
+def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> tuple[int, int]:
+    """Exact memory of one training step, ``model.loss(batch)`` forward and backward, and nothing else running.
 
     The model's gradients are cleared first (as ``optimizer.zero_grad()`` does), so each measurement starts like a
     training step.
+
+    Args:
+        model: The model as it trains (checkpoint plan installed, or plain).
+        batch: A batch as ``training_batch`` makes it.
+        amp: Autocast dtype of the forward (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
+
+    Returns:
+        (tuple[int, int]): Peak live tensor bytes of the step, and bytes still alive after forward (kept for backward).
     """
     model.zero_grad(set_to_none=True)
     with LiveTensorTracker() as tracker:
-        loss = _loss(model, batch)
+        loss = _loss(model, batch, amp)
         saved = tracker.current
         loss.backward()
         del loss
     model.zero_grad(set_to_none=True)
+    return tracker.peak, saved
+
+
+def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dtype | None = None) -> Step:
+    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time (see ``measure_peak``).
+
+    FLOPs are counted in a separate step: ``FlopCounterMode`` keeps tensors alive that checkpointing frees.
+    """
+    peak, saved = measure_peak(model, batch, amp)
     with FlopCounterMode(display=False) as counter:
-        _loss(model, batch).backward()
+        _loss(model, batch, amp).backward()
     model.zero_grad(set_to_none=True)
     cuda = batch["img"].is_cuda and repeats > 0
     if cuda:  # the allocator's own peak over the timed steps, for comparison with the exact tracker
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    seconds = time_steps([model], batch, repeats)[0]
+    seconds = time_steps([model], batch, repeats, amp)[0]
     cuda_peak = torch.cuda.max_memory_allocated() if cuda else None
-    return Step(tracker.peak, counter.get_total_flops(), seconds, saved, cuda_peak)
+    return Step(peak, counter.get_total_flops(), seconds, saved, cuda_peak)
 
 
 def with_plan(model: nn.Module, spec: Any) -> nn.Module:
@@ -130,7 +149,7 @@ def with_plan(model: nn.Module, spec: Any) -> nn.Module:
     return m
 
 
-def time_steps(models: list[nn.Module], batch: dict, repeats: int) -> list[float]:
+def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dtype | None = None) -> list[float]:
     """Median step time of each model, timed in interleaved rounds so machine drift hits all of them alike."""
     times: list[list[float]] = [[] for _ in models]
     cuda = batch["img"].is_cuda
@@ -140,7 +159,7 @@ def time_steps(models: list[nn.Module], batch: dict, repeats: int) -> list[float
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            _loss(model, batch).backward()
+            _loss(model, batch, amp).backward()
             if cuda:
                 torch.cuda.synchronize()
             ts.append(time.perf_counter() - t0)
@@ -149,10 +168,11 @@ def time_steps(models: list[nn.Module], batch: dict, repeats: int) -> list[float
 
 
 def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int = 3,
-                  progress: bool = False) -> list[dict]:
+                  progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
     """Measure each plan's training step side by side; ratios are to the first plan (vanilla).
 
-    Memory and FLOPs are exact per plan; step times are medians of ``repeats`` interleaved rounds (``time_steps``).
+    Memory and FLOPs are exact per plan; step times are medians of ``repeats`` interleaved rounds (``time_steps``);
+    ``amp`` is the forward's autocast dtype (``None``: full precision).
 
     Returns:
         (list[dict]): One row per plan: name, stages, peak/FLOP/time figures and ratios to the first plan.
@@ -162,8 +182,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     data = training_batch(model, imgsz, batch)
     models = {name: with_plan(model, spec) for name, spec in plans.items()}
     items = TQDM(models.items(), desc="plans", total=len(models)) if progress else models.items()
-    steps = {name: measure_step(m, data, repeats=1) for name, m in items}  # one timed step each also warms up
-    seconds = time_steps(list(models.values()), data, repeats)
+    steps = {name: measure_step(m, data, repeats=1, amp=amp) for name, m in items}  # a timed step warms up too
+    seconds = time_steps(list(models.values()), data, repeats, amp)
     rows = []
     base, base_s = steps[next(iter(steps))], seconds[0]
     for (name, step), s in zip(steps.items(), seconds):
@@ -177,7 +197,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
             "flops_ratio": round(step.flops / base.flops, 3),
             "time_ratio": round(s / base_s, 3) if base_s else None,
             **({"cuda_peak_MiB": round(step.cuda_peak_bytes / 2**20, 1),
-                "cuda_peak_ratio": round(step.cuda_peak_bytes / base.cuda_peak_bytes, 3)} if step.cuda_peak_bytes else {}),
+                "cuda_peak_ratio": round(step.cuda_peak_bytes / base.cuda_peak_bytes, 3)}
+               if step.cuda_peak_bytes else {}),
         })
     return rows
 
@@ -197,7 +218,8 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
 
     for k, layers in stages.items():
         hooks.append(model.model[layers[0]].register_forward_pre_hook(lambda m, i, k=k: enter(k)))
-        hooks.append(model.model[layers[-1]].register_forward_hook(lambda m, i, o, k=k: contexts[k].__exit__(None, None, None)))
+        leave = lambda m, i, o, k=k: contexts[k].__exit__(None, None, None)  # noqa: E731
+        hooks.append(model.model[layers[-1]].register_forward_hook(leave))
     try:
         _loss(model, data)
     finally:
@@ -207,7 +229,7 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
 
 
 def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False) -> list[dict]:
-    """Per backbone stage: layers, output shape, bytes kept for backward without and with checkpointing, recompute FLOPs.
+    """Per backbone stage: layers, output shape, bytes kept for backward with and without checkpointing, FLOPs.
 
     Without checkpointing, a stage keeps what its ops save for backward (``saved_tensors_hooks``). Checkpointed, it
     keeps that minus what checkpointing frees, the drop in exact live tensor bytes after forward when this stage alone

@@ -11,7 +11,7 @@ Example:
 
     >>> from ultralytics import YOLO
     >>> from yolo_ckpt import DetectionTrainer
-    >>> YOLO("yolo11n.yaml").train(trainer=DetectionTrainer, data="data.yaml", checkpoint_stages="all")  # doctest: +SKIP
+    >>> YOLO("yolo11n.yaml").train(trainer=DetectionTrainer, data="d.yaml", checkpoint_stages="all")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -22,15 +22,18 @@ from contextlib import contextmanager
 from copy import deepcopy
 from typing import Any
 
+import torch
 import ultralytics
+from torch import nn
 from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
 from ultralytics.utils import LOGGER, YAML, colorstr
 from ultralytics.utils.patches import override_configs, torch_load
+from ultralytics.utils.torch_utils import unwrap_model
 
 from .autobatch import parse_memory, plan_batch
-from .memory import EpochPeak, plot_memory
+from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .model import checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .resources import data_file
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages
@@ -59,6 +62,35 @@ def check_settings(model: Any, args: dict) -> None:
         CheckpointPlan.from_spec(model, args.get("checkpoint_stages"))
 
 
+def saved_settings(ckpt: dict) -> dict[str, Any]:
+    """Our keys as a yolo-ckpt checkpoint records them: in its model's own ``args`` (see ``save_model``).
+
+    Plain Ultralytics never reads those back as training arguments (``load_checkpoint`` replaces them with
+    ``train_args``), so they cannot break ``yolo train resume``.
+    """
+    model = ckpt.get("ema") or ckpt.get("model")
+    args = getattr(model, "args", None) or {}
+    args = args if isinstance(args, dict) else vars(args)
+    return {k: args[k] for k in CKPT_CFG_DICT if k in args}
+
+
+def skip_frozen_stages(trainer: Any) -> None:
+    """Stop checkpointing stages that store nothing for backward once Ultralytics has frozen layers (``freeze=``).
+
+    Registered for ``on_pretrain_routine_end`` (Ultralytics freezes inside ``_setup_train``, after ``get_model``) and
+    called by ``auto_batch`` first, so AutoBatch measures the plan that will train.
+    """
+    model = unwrap_model(trainer.model)
+    plan = checkpoint_plan(model)
+    if plan is None:
+        return
+    kept, dropped = plan.without_frozen(model)
+    if dropped:
+        LOGGER.warning(f"{PREFIX} stages {dropped} not recomputed: all their parameters are frozen and no gradient "
+                       f"flows into them, so they store nothing for backward; checkpointing {kept.stages or 'nothing'}")
+        enable_checkpointing(model, kept)
+
+
 class CheckpointMixin:
     """Hooks that add ``checkpoint_stages`` to an Ultralytics task trainer (listed first among the bases).
 
@@ -67,10 +99,11 @@ class CheckpointMixin:
       stages back from ``last.pt``.
     - ``get_model``: the training model runs the plan's regions inside checkpoints.
     - ``get_validator``: validators rebuild their arguments with Ultralytics' key check, so they get ours removed.
-    - ``save_model``: the EMA that is pickled is always a plain Ultralytics model.
+    - ``save_model``: what is pickled is plain Ultralytics, and ``train_args`` hold only Ultralytics' keys.
     - ``auto_batch``: AutoBatch measures the checkpointed model, or plans for ``memory_budget`` on any device.
-    - ``on_train_epoch_start/end`` callbacks, ``save_metrics``, ``plot_metrics``: each epoch's peak memory goes to the
-      console, results.csv and memory.png.
+    - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again.
+    - callbacks (``yolo_ckpt.epoch_memory``), ``save_metrics``, ``plot_metrics``: each epoch's peak memory goes to
+      the console, results.csv, Ultralytics' loggers and memory.png; frozen stages are dropped from the plan.
     """
 
     def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: dict | None = None):
@@ -79,16 +112,16 @@ class CheckpointMixin:
         self.epoch_memory: dict[str, float] = {}
         self.memory_meter: EpochPeak | None = None
         self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
-        self.add_callback("on_train_epoch_start", start_epoch_memory)
-        self.add_callback("on_train_epoch_end", stop_epoch_memory)
-        self.add_callback("teardown", close_epoch_memory)
+        for event, fn in {**CALLBACKS, "on_pretrain_routine_end": skip_frozen_stages}.items():
+            if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
+                self.add_callback(event, fn)
 
     def check_resume(self, overrides: dict) -> None:
         """Resume like Ultralytics, restore our keys from the checkpoint, then validate ``checkpoint_stages``."""
         ours = {k: overrides[k] for k in CKPT_CFG_DICT if k in overrides}
         super().check_resume({k: v for k, v in overrides.items() if k not in CKPT_CFG_DICT})
-        if self.resume:  # Ultralytics' get_cfg(ckpt args) dropped our keys; an unfinished last.pt still has them
-            saved = torch_load(self.args.resume, map_location="cpu").get("train_args", {})
+        if self.resume:  # Ultralytics rebuilt args from the checkpoint's train_args, which hold none of our keys
+            saved = saved_settings(torch_load(self.args.resume, map_location="cpu"))
             for k, default in CKPT_CFG_DICT.items():
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
@@ -108,6 +141,19 @@ class CheckpointMixin:
                 LOGGER.info(f"{PREFIX} stage {k} (P{k}/{2**k}) layers {list(stages[k])}: {types}{shared}")
         return model
 
+    def train(self):
+        """Train like Ultralytics; however it ends, the model is plain again and no memory tracker stays active.
+
+        ``Model.train`` hands the trainer's model to ``YOLO.model``; after a failed run that object is what a user
+        saves or trains next, so the plan must not outlive training.
+        """
+        try:
+            return super().train()
+        finally:
+            close_epoch_memory(self)
+            if isinstance(self.model, nn.Module):
+                disable_checkpointing(unwrap_model(self.model))
+
     @contextmanager
     def _ultralytics_args(self) -> Iterator[None]:
         """Hide our keys from ``self.args`` for code that checks arguments against Ultralytics' defaults."""
@@ -126,17 +172,34 @@ class CheckpointMixin:
             return super().get_validator()
 
     def save_model(self):
-        """Save Ultralytics checkpoints of a plain EMA (an EMA deep-copied from the training model has the plan)."""
-        disable_checkpointing(self.ema.ema)
-        return super().save_model()
+        """Save Ultralytics checkpoints that plain Ultralytics can load, validate and resume.
+
+        The pickled EMA is plain (an EMA deep-copied from the training model carries the plan); ``train_args``, which
+        ``yolo train resume`` validates against Ultralytics' keys, hold none of ours; our settings are recorded in the
+        saved model's own ``args`` (where Ultralytics records the run's arguments too) for ``yolo-ckpt train resume``.
+        """
+        ema = self.ema.ema
+        disable_checkpointing(ema)
+        linked = getattr(ema, "args", None)  # the trainer's args object itself (detect tasks), or none (classify)
+        ours = {k: getattr(self.args, k) for k in CKPT_CFG_DICT}
+        ema.args = {**({} if linked is None else linked if isinstance(linked, dict) else vars(linked)), **ours}
+        try:
+            with self._ultralytics_args():
+                return super().save_model()
+        finally:
+            if linked is None:
+                del ema.args
+            else:
+                ema.args = linked
 
     def auto_batch(self) -> int:
         """Choose the batch for the checkpointed model and log what the same memory gives without checkpointing.
 
         Our mixin comes first in the MRO, so this replaces the task trainer's ``auto_batch`` too; it gathers the same
         dataset facts as Ultralytics' ``DetectionTrainer.auto_batch`` (8.4.190): the most labels in one image, x4 for
-        mosaic, and the number of training images.
+        mosaic, and the number of training images. Both batches are measured on eager copies of the model.
         """
+        skip_frozen_stages(self)  # Ultralytics froze layers before AutoBatch: measure the plan that will train
         with override_configs(self.args, overrides={"cache": False}) as self.args:
             dataset = self.build_dataset(self.data["train"], mode="train", batch=16)
         labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]
@@ -146,34 +209,38 @@ class CheckpointMixin:
             LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
             return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         model = self.model
-        plain = deepcopy(model)
-        disable_checkpointing(plain)
-        stages = (checkpoint_plan(model) or CheckpointPlan()).stages
+        stages = (checkpoint_plan(unwrap_model(model)) or CheckpointPlan()).stages
         if self.args.memory_budget is not None:
-            return self._plan_for_budget(deepcopy(model), plain, stages, max_num_obj, dataset_size)
-        batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)  # profiles a deepcopy: the plan comes along
-        self.model = plain
+            return self._plan_for_budget(unwrap_model(model), stages, max_num_obj, dataset_size)
         try:
+            self.model = unwrap_model(model)  # Ultralytics profiles a deepcopy: the plan comes along
+            batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
+            self.model = _plain_copy(model)
             self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         finally:
             self.model = model
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with stages {stages} ({self.autobatch_without} without)")
         return batch
 
-    def _plan_for_budget(self, model, plain, stages: list[int], max_num_obj: int, dataset_size: int) -> int:
-        """``memory_budget`` AutoBatch on copies of the model (probe steps would move BatchNorm statistics)."""
+    def _plan_for_budget(self, model: nn.Module, stages: list[int], max_num_obj: int, dataset_size: int) -> int:
+        """``memory_budget`` AutoBatch on copies of the model (probe steps would move BatchNorm statistics).
+
+        Steps are measured under the autocast dtype this run trains with, and one copy exists at a time, so planning
+        itself stays inside the share it plans for.
+        """
         fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None  # as the train loop
         kw = dict(imgsz=imgsz, budget=parse_memory(self.args.memory_budget), fraction=fraction,
-                  objects=max(max_num_obj, 1))
+                  objects=max(max_num_obj, 1), amp=amp)
         LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
-                    f"at imgsz={imgsz} from measured training steps...")
+                    f"at imgsz={imgsz}{f' under {amp} autocast' if amp else ''} from measured training steps...")
         try:
-            chosen = plan_batch(model, **kw)
+            chosen = plan_batch(deepcopy(model), **kw)
         except ValueError as e:
             raise CheckpointConfigError(f"{e} with stages {stages}; raise memory_budget or lower imgsz") from None
         try:
-            without = str(plan_batch(plain, **kw).batch)
+            without = str(plan_batch(_plain_copy(model), **kw).batch)
         except ValueError:
             without = "none fits"
         batch = min(chosen.batch, dataset_size or chosen.batch)
@@ -184,7 +251,12 @@ class CheckpointMixin:
         return batch
 
     def save_metrics(self, metrics: dict) -> None:
-        """Write results.csv with this epoch's peak memory columns."""
+        """Write results.csv with this epoch's peak memory columns, and pass them to Ultralytics' loggers.
+
+        The integrations (TensorBoard, MLflow, W&B, Comet, ...) log ``trainer.metrics`` at ``on_fit_epoch_end``, which
+        follows this call in every epoch.
+        """
+        self.metrics = {**self.metrics, **self.epoch_memory}
         super().save_metrics({**metrics, **self.epoch_memory})
 
     def plot_metrics(self) -> None:
@@ -194,27 +266,11 @@ class CheckpointMixin:
             self.on_plot(path)
 
 
-def start_epoch_memory(trainer: CheckpointMixin) -> None:
-    """``on_train_epoch_start``: reset the epoch's peak; on CPU count the live weights, EMA and optimizer state."""
-    if trainer.memory_meter is None:
-        trainer.memory_meter = EpochPeak(trainer.device)
-    if trainer.memory_meter.tracker is not None:
-        held = [trainer.model.parameters(), trainer.model.buffers(), trainer.ema.ema.state_dict(),
-                trainer.optimizer.state_dict()["state"]]
-        trainer.memory_meter.tracker.track([list(h) if not isinstance(h, dict) else h for h in held])
-    trainer.memory_meter.start()
-
-
-def stop_epoch_memory(trainer: CheckpointMixin) -> None:
-    """``on_train_epoch_end``: keep the epoch's peaks for results.csv and print them."""
-    measured = trainer.memory_meter.stop()
-    keys = trainer.memory_meter.keys  # fixed columns; NaN = not measured
-    trainer.epoch_memory = {k: measured.get(k, float("nan")) for k in keys}
-    if not measured:  # no training step ran: nothing to report, never a made-up 0
-        return
-    what = "allocated/reserved (CUDA allocator)" if trainer.memory_meter.is_cuda else "live tensor bytes (exact, CPU)"
-    values = "/".join(f"{v:.3f}" for v in trainer.epoch_memory.values())
-    LOGGER.info(f"{colorstr('memory:')} epoch {trainer.epoch + 1} peak {values} GB {what}")
+def _plain_copy(model: nn.Module) -> nn.Module:
+    """An eager copy of ``model`` without the checkpoint plan."""
+    plain = deepcopy(unwrap_model(model))
+    disable_checkpointing(plain)
+    return plain
 
 
 class DetectionTrainer(CheckpointMixin, yolo.detect.DetectionTrainer):
@@ -258,8 +314,3 @@ class YOLO(ultralytics.YOLO):
         """Ultralytics' task map with our trainers in place of its own."""
         return {task: {**v, "trainer": TRAINERS.get(task, v["trainer"])} for task, v in super().task_map.items()}
 
-
-def close_epoch_memory(trainer: CheckpointMixin) -> None:
-    """``teardown`` (also after an exception): never leave the CPU tracker active once training has stopped."""
-    if trainer.memory_meter is not None and trainer.memory_meter.running:
-        trainer.memory_meter.stop()

@@ -1,0 +1,226 @@
+"""Test helpers shared by several test modules: training pairs, exact comparison, recompute counting, test trainers.
+
+Everything here that a DDP worker needs (callbacks, trainer classes) lives in this importable module, so the
+cloudpickle state Ultralytics writes for its workers refers to it by name.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import ultralytics.engine.validator
+from torch.nn.parallel import DistributedDataParallel
+from ultralytics.models import yolo
+from ultralytics.nn.autobackend import AutoBackend
+from ultralytics.utils import LOCAL_RANK, RANK
+from ultralytics.utils.patches import torch_load
+from ultralytics.utils.torch_utils import unwrap_model
+
+from yolo_ckpt import DetectionTrainer
+from yolo_ckpt.trainer import CKPT_CFG_DICT
+
+# Small, bitwise-reproducible CPU training (BRIEF §3) at a size where every loss term is non-zero: the same arguments
+# for vanilla and checkpointed runs.
+# nbs=batch: an optimizer step every batch, so even a one-epoch run moves the weights (with Ultralytics' nbs=64 a short
+# run accumulates gradients without ever stepping, and equal weights would prove nothing about the gradients).
+TRAIN_ARGS = dict(epochs=2, imgsz=320, batch=4, nbs=4, workers=0, device="cpu", seed=0, deterministic=True, plots=False)
+
+
+def results(run_dir: Path) -> list[dict]:
+    """results.csv rows without the wall-clock column (a column a row lacks reads as "")."""
+    with open(run_dir / "results.csv") as f:
+        rows = csv.DictReader(f)
+        return [{k.strip(): (v or "").strip() for k, v in row.items() if k.strip() != "time"} for row in rows]
+
+
+# ------------------------------------------------------------------------------------------ recompute counting
+def count_forwards(trainer) -> None:
+    """``on_train_start``: count every layer's training forwards; a checkpoint's recompute runs a layer again.
+
+    Forward *pre*-hooks: a recompute stops once every saved tensor is rebuilt (non-reentrant ``early_stop``), so the
+    last layer of a region may not finish, but it starts. Only calls in train mode with grad enabled count (the
+    forward and the recompute), not validation or EMA.
+    """
+    model = unwrap_model(trainer.model)
+    trainer.forward_counts = counts = [0] * len(model.model)
+
+    def hook(m, args):
+        if m.training and torch.is_grad_enabled():
+            counts[m.i] += 1
+
+    trainer.forward_hooks = [m.register_forward_pre_hook(hook) for m in model.model]
+
+
+def dump_training(trainer) -> None:
+    """``teardown`` (every process, also DDP workers): write this rank's forward counts and final training model."""
+    for h in getattr(trainer, "forward_hooks", []):
+        h.remove()
+    out = Path(trainer.save_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"forwards_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "forward_counts", None)))
+    if isinstance(trainer.model, torch.nn.Module):
+        torch.save(unwrap_model(trainer.model).state_dict(), out / f"model_rank{RANK}.pt")
+
+
+COUNTING = {"on_train_start": count_forwards, "teardown": dump_training}
+
+
+def add_counting(model) -> None:
+    """Register the counting callbacks on an Ultralytics ``Model`` (they reach its trainer and DDP workers)."""
+    for event, fn in COUNTING.items():
+        model.add_callback(event, fn)
+
+
+def forward_counts(run_dir: Path, rank: int = -1) -> list[int]:
+    return json.loads((Path(run_dir) / f"forwards_rank{rank}.json").read_text())
+
+
+def assert_recomputed(vanilla: list[int], ckpt: list[int], layers: set[int]) -> None:
+    """Checkpointed layers ran twice per step (forward + recompute), every other layer once, as in vanilla."""
+    assert min(vanilla) > 0 and len(vanilla) == len(ckpt)
+    expected = [2 * n if i in layers else n for i, n in enumerate(vanilla)]
+    assert ckpt == expected, f"forwards per layer {ckpt} != {expected}"
+
+
+# ---------------------------------------------------------------------------------------- exact comparison
+RUN_SPECIFIC = {"name", "save_dir", "project"}  # the two runs of a pair write to different directories
+
+
+def assert_same(a, b, where: str) -> None:
+    """Equal to the bit: tensors by dtype and value, modules by state_dict and saved attributes, containers by item."""
+    if isinstance(a, torch.nn.Module):
+        assert type(a) is type(b), where
+        assert_same(a.state_dict(), b.state_dict(), f"{where}.state_dict")
+        for attr in ("yaml", "names", "nc", "stride", "task"):
+            assert_same(getattr(a, attr, None), getattr(b, attr, None), f"{where}.{attr}")
+        assert_same(plain_args(a), plain_args(b), f"{where}.args")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, (float, np.floating)) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
+
+
+def plain_args(model) -> dict:
+    """A saved model's ``args`` without what differs by design: run directories and our own keys."""
+    args = getattr(model, "args", None) or {}
+    args = args if isinstance(args, dict) else vars(args)
+    return {k: v for k, v in args.items() if k not in RUN_SPECIFIC and k not in CKPT_CFG_DICT}
+
+
+def assert_same_checkpoint(v: dict, c: dict, name: str) -> None:
+    """Every field of two Ultralytics checkpoint files is equal, but for what differs by design.
+
+    By design: ``date`` (wall clock), run directories in ``train_args``, the ``time`` column and our ``mem/*`` columns
+    in ``train_results``, our ``mem/*`` values in ``train_metrics``. Our keys must be absent from ``train_args``.
+    """
+    assert list(v) == list(c), name
+    assert not set(CKPT_CFG_DICT) & set(c["train_args"]), f"{name}: our keys in train_args break plain resume"
+    for key in v:
+        a, b = v[key], c[key]
+        if key == "date":
+            continue
+        if key == "train_args":
+            a, b = ({k: x for k, x in d.items() if k not in RUN_SPECIFIC} for d in (a, b))
+        elif key in {"train_metrics", "train_results"}:
+            assert all(k.startswith("mem/") for k in set(b) - set(a)), f"{name}:{key} {set(b) - set(a)}"
+            a = {k: x for k, x in a.items() if k != "time"}
+            b = {k: x for k, x in b.items() if k in a}
+        assert_same(a, b, f"{name}:{key}")
+
+
+def assert_same_run(v_dir: Path, c_dir: Path, ranks=(-1,)) -> None:
+    """results.csv, every weights file and each rank's final training model of two runs are equal."""
+    ours = [{k: row[k] for k in base} for row, base in zip(results(c_dir), results(v_dir))]  # + our memory columns
+    assert ours == results(v_dir) and ours  # every loss and metric of every epoch
+    files = sorted(p.name for p in (v_dir / "weights").glob("*.pt"))
+    assert files == sorted(p.name for p in (c_dir / "weights").glob("*.pt")) and files
+    updates = 0
+    for name in files:
+        v, c = (torch_load(d / "weights" / name, map_location="cpu") for d in (v_dir, c_dir))
+        assert_same_checkpoint(v, c, name)
+        updates = max(updates, v.get("updates") or 0)
+    assert updates > 0, "no optimizer step ran: equal weights would not test the gradients"
+    for rank in ranks:  # the live training model: weights, BatchNorm running_mean/running_var/num_batches_tracked
+        v, c = (torch.load(d / f"model_rank{rank}.pt") for d in (v_dir, c_dir))
+        assert_same(v, c, f"training model of rank {rank}")
+
+
+# ------------------------------------------------------------------------------------------- test trainers
+class OOMOnce:
+    """Raise a CUDA-style out-of-memory error on the first training step, inside Ultralytics' retry block."""
+
+    def preprocess_batch(self, batch):
+        if not getattr(self, "oom_raised", False):
+            self.oom_raised = True
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (raised once by the test)")
+        return super().preprocess_batch(batch)
+
+
+class VanillaOOMOnce(OOMOnce, yolo.detect.DetectionTrainer):
+    """Ultralytics' detection trainer hitting one OOM."""
+
+
+class CkptOOMOnce(OOMOnce, DetectionTrainer):
+    """Our detection trainer hitting one OOM."""
+
+
+class _CPUDDP(DistributedDataParallel):
+    """DDP of a CPU module: torch rejects the ``device_ids`` Ultralytics always passes (a CUDA index)."""
+
+    def __init__(self, module, device_ids=None, **kwargs):
+        super().__init__(module, **kwargs)
+
+
+class GlooDDP:
+    """Ultralytics' own two-process DDP path on CPU: only device selection and process-group setup are redirected.
+
+    Ultralytics has no CPU DDP (``world_size`` is 0 for cpu, ``_setup_ddp`` forces a CUDA device); everything else —
+    the launcher, the worker file, samplers, the DDP wrap and its arguments, rank-0 saving — is Ultralytics' own.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.world_size = 2
+        self.ddp = LOCAL_RANK == -1  # the launching process spawns workers, as for device=0,1
+
+    def _setup_ddp(self):
+        self.device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=RANK, world_size=self.world_size)
+
+    def _setup_train(self):
+        with mock.patch.object(torch.nn.parallel, "DistributedDataParallel", _CPUDDP):
+            super()._setup_train()
+
+    def final_eval(self):
+        # The final validator puts DDP ranks on the current CUDA device: ask no CUDA backend, load on the CPU.
+        v = ultralytics.engine.validator
+        on_cpu = lambda *args, device=None, **kw: AutoBackend(*args, device=torch.device("cpu"), **kw)  # noqa: E731
+        with mock.patch.object(v, "get_torch_device_backend", lambda _: SimpleNamespace(current_device=lambda: 0)), \
+                mock.patch.object(v, "AutoBackend", on_cpu):
+            super().final_eval()
+
+
+class VanillaGloo(GlooDDP, yolo.detect.DetectionTrainer):
+    """Ultralytics' detection trainer in 2-process gloo DDP."""
+
+
+class CkptGloo(GlooDDP, DetectionTrainer):
+    """Our detection trainer in 2-process gloo DDP."""

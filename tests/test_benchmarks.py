@@ -1,0 +1,21 @@
+"""The benchmark scripts run end to end (their figures are for README; here only that they work)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_quick_writes_every_section(tmp_path):
+    """The one-shot GPU check, in its quick form on this machine: every section runs and lands in the report."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(tmp_path), "--quick",
+           "--compile-backend", "aot_eager"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    report = (tmp_path / "gpu_check.md").read_text()
+    assert "FAILED" not in report, report
+    titles = ("CUDA tests", "Memory table", "AutoBatch with and without checkpointing", "Compiled checkpointed step")
+    for title in titles:
+        assert f"## {title}" in report
+    assert "| yolo11n.yaml | 128 | 4 | off | all |" in report and "compiled [2,3] (aot_eager) | 1 | 0 |" in report

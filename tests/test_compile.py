@@ -1,0 +1,127 @@
+"""``compile=True``: the checkpointed forward traces as one graph, BatchNorm is updated once, Ultralytics' path trains.
+
+Three levels, each against an independent reference:
+
+- dynamo: ``torch._dynamo.explain`` of the training forward — the same graph count and no graph break, as the plain
+  model;
+- the compiled graph (dynamo + AOTAutograd, ``aot_eager`` backend: the traced, functionalized graph run with eager
+  kernels): BatchNorm buffers, gradients and weights after optimizer steps are bitwise those of the compiled plain
+  model, with the checkpoint regions present in the traced graph;
+- Ultralytics' own ``compile=True`` (inductor) on CPU, on a small YOLO detector: one graph, process RSS measured
+  instead of compile being switched off, and every saved field bitwise that of the compiled vanilla run.
+
+Inductor partitions and fuses the whole training graph at once, so a checkpoint region can change how kernels
+elsewhere are fused: on yolo11n (320 px) a few gradients of the C2PSA/SPPF and head layers then round differently
+(~1e-8 relative), and compiled yolo11n runs agree to float rounding rather than bit for bit (README, Limitations).
+"""
+
+from copy import deepcopy
+from pathlib import Path
+
+import pytest
+import torch
+import ultralytics
+import yaml
+from torch._dynamo.backends.debugging import aot_eager
+from ultralytics.cfg import get_cfg
+from ultralytics.nn.tasks import DetectionModel
+
+from yolo_ckpt import TRAINERS, CheckpointPlan, enable_checkpointing
+from yolo_ckpt.profiler import training_batch
+
+from support import TRAIN_ARGS, assert_same_run, dump_training, results
+
+# A small YOLO detector (yolo11 blocks, two scales): inductor compiles it in about a minute on two CPU cores.
+TINY = {
+    "nc": 4,
+    "backbone": [
+        [-1, 1, "Conv", [16, 3, 2]],  # 0-P1/2
+        [-1, 1, "Conv", [32, 3, 2]],  # 1-P2/4
+        [-1, 1, "C3k2", [32, False, 0.25]],  # 2
+        [-1, 1, "Conv", [64, 3, 2]],  # 3-P3/8
+        [-1, 1, "C3k2", [64, False, 0.25]],  # 4
+        [-1, 1, "Conv", [64, 3, 2]],  # 5-P4/16
+        [-1, 1, "SPPF", [64, 5]],  # 6
+    ],
+    "head": [[[4, 6], 1, "Detect", ["nc"]]],  # 7
+}
+
+
+def graphs_and_breaks(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x)
+    return explained.graph_count, explained.graph_break_count
+
+
+@pytest.mark.parametrize("stages", [[2, 3], "all"])
+def test_checkpointing_adds_no_graph_break(stages):
+    torch.manual_seed(0)
+    model = DetectionModel("yolo11n.yaml", nc=4, verbose=False).train()
+    x = torch.rand(2, 3, 64, 64)
+    plain = graphs_and_breaks(model, x)
+    enable_checkpointing(model, CheckpointPlan.from_spec(model, stages))
+    assert graphs_and_breaks(model, x) == plain == (1, 0)
+
+
+def compiled_steps(model: torch.nn.Module, batch: dict, steps: int = 2) -> list:
+    """Ultralytics' compiled training step (compile the model, loss outside it) with SGD steps; return FX graphs."""
+    traced = []
+
+    def backend(gm, example_inputs):
+        traced.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(steps):
+        loss, _ = model.loss(batch, compiled(batch["img"]))
+        loss.sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return traced
+
+
+def test_compiled_recompute_keeps_batchnorm_and_gradients_exact():
+    torch.manual_seed(0)
+    base = DetectionModel("yolo11n.yaml", nc=4, verbose=False).train()
+    base.args = get_cfg()  # the loss reads its hyperparameters here
+    batch = training_batch(base, 64, 2)
+    plain, ckpt = deepcopy(base), deepcopy(base)
+    plan = CheckpointPlan.from_spec(ckpt, [2, 3])
+    enable_checkpointing(ckpt, plan)
+    compiled_steps(plain, batch)
+    graphs = compiled_steps(ckpt, batch)
+    tagged = [n for g in graphs for n in g.graph.nodes if n.target is torch.ops.higher_order.tag_activation_checkpoint]
+    assert len(graphs) == 1 and len(tagged) == len(plan.regions)  # one graph, the regions checkpointed inside it
+    reference = plain.state_dict()
+    for k, v in ckpt.state_dict().items():  # weights after two steps, BatchNorm running statistics
+        assert torch.equal(v, reference[k]), k
+    assert int(ckpt.model[1].bn.num_batches_tracked) == 2  # once per step, not once more per recompute
+
+
+@pytest.fixture(scope="module")
+def tiny_yaml(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("models") / "yolo11-tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY, sort_keys=False))
+    return str(path)
+
+
+def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(detect_data, tiny_yaml, tmp_path):
+    """``compile=True`` through Ultralytics (inductor): bit for bit the compiled vanilla run, measured by RSS."""
+    # deterministic=False: torch's deterministic mode makes inductor's CPU compile several times slower (minutes for
+    # this model); CPU kernels, the seed and the data order keep both runs reproducible without it.
+    args = {**TRAIN_ARGS, "data": detect_data, "project": str(tmp_path), "epochs": 1, "imgsz": 64, "val": False,
+            "save_period": 1, "compile": True, "deterministic": False}
+    runs = {}
+    for name, extra in (("vanilla", {}), ("ckpt", {"trainer": TRAINERS["detect"], "checkpoint_stages": "all"})):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        model = ultralytics.YOLO(tiny_yaml)
+        model.add_callback("teardown", dump_training)  # no counting hooks: they would enter the compiled graph
+        model.train(name=name, **extra, **args)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # compiled, in one graph
+        runs[name] = Path(model.trainer.save_dir)
+    assert_same_run(runs["vanilla"], runs["ckpt"])
+    (row,) = results(runs["ckpt"])
+    assert "mem/peak_tensor_GB" not in row and float(row["mem/peak_rss_GB"]) > 0  # RSS, and compile stayed on

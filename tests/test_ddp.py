@@ -1,0 +1,83 @@
+"""Multi-GPU training goes through Ultralytics' DDP launcher: its worker file, and a real two-process run (gloo, CPU).
+
+Ultralytics writes a script plus a cloudpickled state (trainer class, ``vars(args)``, model, callbacks) and starts it
+with ``torch.distributed.run``; each worker rebuilds the trainer from that state. Both tests train our trainer and
+Ultralytics' own through that path with the same arguments and compare every saved field, and each worker's counted
+layer forwards prove that the recompute ran there.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ultralytics
+from ultralytics.models import yolo
+from ultralytics.utils import DEFAULT_CFG_DICT
+from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
+
+from yolo_ckpt import DetectionTrainer
+from yolo_ckpt.epoch_memory import CALLBACKS
+
+from support import TRAIN_ARGS, CkptGloo, VanillaGloo, add_counting, assert_recomputed, assert_same_run, forward_counts
+
+STAGES, LAYERS = [2, 3], {1, 2, 3, 4}  # yolo11n: stage 2 = layers 1-2, stage 3 = layers 3-4
+
+
+def worker_file_run(trainer_cls, data: str, project: Path, name: str, **kw) -> Path:
+    """Build the trainer as ``Model.train`` does, then train in the file Ultralytics writes for DDP workers.
+
+    The file runs with plain ``python`` (no torchrun): one process, RANK -1, on CPU — the worker's code path without
+    a GPU: the trainer is rebuilt from the pickled class, ``vars(args)`` and callbacks, and given the pickled model.
+    """
+    model = ultralytics.YOLO("yolo11n.yaml")
+    add_counting(model)
+    args = {**model.overrides, "data": data, "model": "yolo11n.yaml", "task": "detect", "mode": "train",
+            **TRAIN_ARGS, "epochs": 1, "imgsz": 160, "save_period": 1, "project": str(project), "name": name, **kw}
+    trainer = trainer_cls(overrides=args, _callbacks=model.callbacks)
+    trainer.model = trainer.get_model(weights=None, cfg=model.model.yaml)
+    file = generate_ddp_file(trainer)
+    try:
+        out = subprocess.run([sys.executable, file], capture_output=True, text=True, timeout=600)
+    finally:
+        ddp_cleanup(trainer, file)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    return Path(trainer.save_dir)
+
+
+def test_worker_file_trains_like_ultralytics(detect_data, tmp_path):
+    vanilla = worker_file_run(yolo.detect.DetectionTrainer, detect_data, tmp_path, "vanilla")
+    ckpt = worker_file_run(DetectionTrainer, detect_data, tmp_path, "ckpt", checkpoint_stages=STAGES)
+    assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), LAYERS)  # the plan reached the worker and ran
+    assert_same_run(vanilla, ckpt)
+    assert "mem/peak_tensor_GB" in (ckpt / "results.csv").read_text()  # our callbacks ran, once
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(detect_data, tmp_path_factory):
+    """Plain and checkpointed two-process DDP through Ultralytics' launcher, same arguments."""
+    project = tmp_path_factory.mktemp("ddp")
+    runs = {}
+    for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES})):
+        model = ultralytics.YOLO("yolo11n.yaml")
+        add_counting(model)
+        model.train(trainer=trainer, data=detect_data, project=str(project), name=name, **{
+            **TRAIN_ARGS, "epochs": 1, "imgsz": 160, "save_period": 1, **extra})
+        runs[name] = project / name
+    return runs
+
+
+def test_two_process_ddp_matches_plain_ddp(gloo_runs):
+    for rank in (0, 1):  # each worker recomputed the checkpointed stages
+        assert_recomputed(forward_counts(gloo_runs["vanilla"], rank), forward_counts(gloo_runs["ckpt"], rank), LAYERS)
+    assert_same_run(gloo_runs["vanilla"], gloo_runs["ckpt"], ranks=(0, 1))
+
+
+def test_our_callbacks_are_registered_once_however_the_trainer_is_built(detect_data, tmp_path):
+    """A DDP worker builds the trainer with the parent's callbacks, which already hold ours."""
+    first = DetectionTrainer(overrides={"data": detect_data, "model": "yolo11n.yaml", "project": str(tmp_path),
+                                        "device": "cpu"})
+    worker = DetectionTrainer(cfg=DEFAULT_CFG_DICT.copy(), overrides=vars(first.args), _callbacks=first.callbacks)
+    for trainer in (first, worker):
+        for event, fn in CALLBACKS.items():
+            assert trainer.callbacks[event].count(fn) == 1, event
