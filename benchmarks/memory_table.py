@@ -1,13 +1,15 @@
 """README's memory table: checkpointed vs vanilla training steps, measured side by side in one run.
 
-For each model and image size, one real training step (``model.loss`` forward + backward, 50 boxes per image) per plan:
-exact peak of live tensor bytes (``LiveTensorTracker``), convolution/matmul FLOPs (``FlopCounterMode``, recompute
-included) and the median step time on this machine's device, each as a ratio to vanilla. With CUDA, the allocator's
-``max_memory_allocated`` ratio is added.
+For each model, image size and AMP setting, one real training step (``model.loss`` forward + backward, 50 boxes per
+image; the forward under autocast when AMP is on, as Ultralytics' loop) per plan: exact peak of live tensor bytes
+(``LiveTensorTracker``), convolution/matmul FLOPs (``FlopCounterMode``, recompute included) and the median step time
+on this machine's device, each as a ratio to vanilla. With CUDA, the allocator's ``max_memory_allocated`` is added
+next to the exact estimate.
 
 Usage:
     python benchmarks/memory_table.py                       # yolo11n, yolo11s at 640 and 1280, batch 4
     python benchmarks/memory_table.py --models yolo11n.yaml --imgsz 640 --batch 4 --device cpu
+    python benchmarks/memory_table.py --device cuda --amp off fp16   # default on CUDA: AMP off and on
 """
 
 import argparse
@@ -17,6 +19,25 @@ import torch
 from yolo_ckpt.profiler import build_model, compare_plans
 
 PLANS = {"none": [], "[2,3]": [2, 3], "all": "all"}
+AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3):
+    """Yield the markdown lines of the table (header first), measuring as it goes."""
+    cuda = device.startswith("cuda")
+    head = "| model | imgsz | batch | AMP | stages | peak MiB | peak ratio | FLOP ratio | step time ratio |"
+    yield head + (" CUDA peak MiB | CUDA peak ratio |" if cuda else "")
+    yield "|---" * (head.count("|") - 1 + 2 * cuda) + "|"
+    for name in models:
+        model = build_model(name).to(device)
+        for imgsz in sizes:
+            for amp in amps:
+                for r in compare_plans(model, imgsz, batch, PLANS, repeats=repeats, amp=AMP[amp]):
+                    row = (f"| {name} | {imgsz} | {batch} | {amp} | {r['plan']} | {r['peak_MiB']:.0f} "
+                           f"| {r['peak_ratio']:.3f} | {r['flops_ratio']:.3f} | {r['time_ratio']:.3f} ({device}) |")
+                    if cuda:
+                        row += f" {r['cuda_peak_MiB']:.0f} | {r['cuda_peak_ratio']:.3f} |"
+                    yield row
 
 
 def main() -> None:
@@ -26,20 +47,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--amp", nargs="+", choices=list(AMP), default=None, help="default: off, plus fp16 on CUDA")
     a = p.parse_args()
-    cuda = a.device.startswith("cuda")
-    head = "| model | imgsz | batch | stages | peak MiB | peak ratio | FLOP ratio | step time ratio |"
-    print(head + (" CUDA peak MiB | CUDA peak ratio |" if cuda else ""))
-    print("|---" * (head.count("|") - 1 + 2 * cuda) + "|")
-    for name in a.models:
-        model = build_model(name).to(a.device)
-        for imgsz in a.imgsz:
-            for r in compare_plans(model, imgsz, a.batch, PLANS, repeats=a.repeats):
-                row = (f"| {name} | {imgsz} | {a.batch} | {r['plan']} | {r['peak_MiB']:.0f} | {r['peak_ratio']:.3f} "
-                       f"| {r['flops_ratio']:.3f} | {r['time_ratio']:.3f} ({a.device}) |")
-                if cuda:
-                    row += f" {r['cuda_peak_MiB']:.0f} | {r['cuda_peak_ratio']:.3f} |"
-                print(row, flush=True)
+    amps = a.amp or (["off", "fp16"] if a.device.startswith("cuda") else ["off"])
+    for line in table(a.models, a.imgsz, a.batch, amps, a.device, a.repeats):
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
