@@ -10,9 +10,9 @@ Sections, each timed; a section that fails is reported with its error and the ch
    the tracker on CUDA tensors, Ultralytics' AutoBatch and a training epoch on the checkpointed model.
 2. Memory table: yolo11n and yolo11s at 640 and 1280, AMP off and fp16, plans none / [2,3] / all: the exact tensor
    peak (``LiveTensorTracker``) next to ``torch.cuda.max_memory_allocated``, FLOP and step-time ratios.
-3. AutoBatch with and without checkpointing: Ultralytics' ``check_train_batch_size`` (60% of free memory, fp16
-   autocast) on yolo11n at 1280 with all stages and plain; and yolo-ckpt's ``memory_budget`` planning of the same
-   share of the GPU's total memory, both ways.
+3. AutoBatch with and without checkpointing: Ultralytics' ``check_train_batch_size`` (60% of *free* memory, fp16
+   autocast) on yolo11n at 1280 with all stages and plain; and yolo-ckpt's ``memory_budget`` planning for 60% of the
+   GPU's *total* memory, both ways.
 4. A compiled checkpointed step: ``torch.compile`` (inductor) of yolo11n with stages [2,3] in Ultralytics' compiled
    step (model compiled, loss outside): graph count and breaks, allocator peak and step time against the same step
    eager and against eager vanilla.

@@ -91,7 +91,7 @@ def assert_recomputed(vanilla: list[int], ckpt: list[int], layers: set[int]) -> 
 
 
 # ---------------------------------------------------------------------------------------- exact comparison
-RUN_SPECIFIC = {"name", "save_dir", "project"}  # the two runs of a pair write to different directories
+RUN_SPECIFIC = {"name", "save_dir"}  # the two runs of a pair write to different directories
 
 
 def assert_same(a, b, where: str) -> None:
@@ -99,8 +99,12 @@ def assert_same(a, b, where: str) -> None:
     if isinstance(a, torch.nn.Module):
         assert type(a) is type(b), where
         assert_same(a.state_dict(), b.state_dict(), f"{where}.state_dict")
+        # every instance attribute (a leftover plan would be one); `args` may be added: our settings are recorded there
+        assert set(vars(a)) | {"args"} == set(vars(b)) | {"args"}, f"{where}: {set(vars(a)) ^ set(vars(b))}"
         for attr in ("yaml", "names", "nc", "stride", "task"):
             assert_same(getattr(a, attr, None), getattr(b, attr, None), f"{where}.{attr}")
+        if hasattr(a, "args"):
+            assert type(a.args) is type(b.args), f"{where}.args"
         assert_same(plain_args(a), plain_args(b), f"{where}.args")
     elif isinstance(a, dict):
         assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
@@ -148,8 +152,11 @@ def assert_same_checkpoint(v: dict, c: dict, name: str) -> None:
 
 def assert_same_run(v_dir: Path, c_dir: Path, ranks=(-1,)) -> None:
     """results.csv, every weights file and each rank's final training model of two runs are equal."""
-    ours = [{k: row[k] for k in base} for row, base in zip(results(c_dir), results(v_dir))]  # + our memory columns
-    assert ours == results(v_dir) and ours  # every loss and metric of every epoch
+    rows, reference = results(c_dir), results(v_dir)
+    assert len(rows) == len(reference) > 0
+    assert [{k: row[k] for k in base} for row, base in zip(rows, reference)] == reference  # + our memory columns
+    mem = [v for row in rows for k, v in row.items() if k.startswith("mem/")]
+    assert mem and all(0 < float(v) < math.inf for v in mem)  # measured in every epoch: our callbacks ran
     files = sorted(p.name for p in (v_dir / "weights").glob("*.pt"))
     assert files == sorted(p.name for p in (c_dir / "weights").glob("*.pt")) and files
     updates = 0

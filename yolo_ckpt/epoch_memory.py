@@ -122,8 +122,10 @@ class EpochPeak:
         return {k: v / GB for k, v in zip(self.keys, values)}
 
     def close(self) -> None:
-        """Stop measuring without reporting (training ended, or failed, mid-epoch)."""
-        self.stop()
+        """Stop measuring without reporting (training ended, or failed, mid-epoch): no device call that could fail."""
+        if self._running and self.source == "tensor":
+            self.tracker.__exit__(None, None, None)
+        self._running = False
 
 
 def is_compiled(model: Any) -> bool:

@@ -28,13 +28,14 @@ from torch import nn
 from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
-from ultralytics.utils import LOGGER, YAML, colorstr
+from ultralytics.utils import LOGGER, YAML, IterableSimpleNamespace, colorstr
 from ultralytics.utils.patches import override_configs, torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
 from .autobatch import parse_memory, plan_batch
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .model import checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .profiler import with_plan
 from .resources import data_file
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages
 
@@ -150,9 +151,10 @@ class CheckpointMixin:
         try:
             return super().train()
         finally:
+            for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
+                if isinstance(model, nn.Module):
+                    disable_checkpointing(unwrap_model(model))
             close_epoch_memory(self)
-            if isinstance(self.model, nn.Module):
-                disable_checkpointing(unwrap_model(self.model))
 
     @contextmanager
     def _ultralytics_args(self) -> Iterator[None]:
@@ -182,7 +184,8 @@ class CheckpointMixin:
         disable_checkpointing(ema)
         linked = getattr(ema, "args", None)  # the trainer's args object itself (detect tasks), or none (classify)
         ours = {k: getattr(self.args, k) for k in CKPT_CFG_DICT}
-        ema.args = {**({} if linked is None else linked if isinstance(linked, dict) else vars(linked)), **ours}
+        base = {} if linked is None else linked if isinstance(linked, dict) else vars(linked)
+        ema.args = IterableSimpleNamespace(**{**base, **ours})  # a snapshot, of the type Ultralytics saves
         try:
             with self._ultralytics_args():
                 return super().save_model()
@@ -215,7 +218,7 @@ class CheckpointMixin:
         try:
             self.model = unwrap_model(model)  # Ultralytics profiles a deepcopy: the plan comes along
             batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-            self.model = _plain_copy(model)
+            self.model = with_plan(unwrap_model(model), [])
             self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         finally:
             self.model = model
@@ -235,12 +238,16 @@ class CheckpointMixin:
                   objects=max(max_num_obj, 1), amp=amp)
         LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
                     f"at imgsz={imgsz}{f' under {amp} autocast' if amp else ''} from measured training steps...")
+        copy = deepcopy(model)
         try:
-            chosen = plan_batch(deepcopy(model), **kw)
+            chosen = plan_batch(copy, **kw)
         except ValueError as e:
             raise CheckpointConfigError(f"{e} with stages {stages}; raise memory_budget or lower imgsz") from None
+        finally:
+            disable_checkpointing(copy)  # the installed plan refers back to its model: free the copy now, not at gc
+            del copy
         try:
-            without = str(plan_batch(_plain_copy(model), **kw).batch)
+            without = str(plan_batch(with_plan(model, []), **kw).batch)
         except ValueError:
             without = "none fits"
         batch = min(chosen.batch, dataset_size or chosen.batch)
@@ -256,21 +263,17 @@ class CheckpointMixin:
         The integrations (TensorBoard, MLflow, W&B, Comet, ...) log ``trainer.metrics`` at ``on_fit_epoch_end``, which
         follows this call in every epoch.
         """
-        self.metrics = {**self.metrics, **self.epoch_memory}
-        super().save_metrics({**metrics, **self.epoch_memory})
+        def ours_last(d: dict) -> dict:  # an epoch without validation carries the last epoch's metrics, ours included
+            return {**{k: v for k, v in d.items() if k not in self.epoch_memory}, **self.epoch_memory}
+
+        self.metrics = ours_last(self.metrics)
+        super().save_metrics(ours_last(metrics))  # results.csv writes values in order under the first epoch's header
 
     def plot_metrics(self) -> None:
         """Plot results.png like Ultralytics, and memory per epoch to memory.png beside it."""
         super().plot_metrics()
         if path := plot_memory(self.csv):
             self.on_plot(path)
-
-
-def _plain_copy(model: nn.Module) -> nn.Module:
-    """An eager copy of ``model`` without the checkpoint plan."""
-    plain = deepcopy(unwrap_model(model))
-    disable_checkpointing(plain)
-    return plain
 
 
 class DetectionTrainer(CheckpointMixin, yolo.detect.DetectionTrainer):
