@@ -117,3 +117,9 @@ def test_defaults_follow_the_task(args, task, tmp_path):
 
     saved = yaml.safe_load((tmp_path / "r" / "args.yaml").read_text())
     assert saved["task"] == task and f"/{task}" in saved["data"]
+
+
+def test_bad_mode_rejected_before_any_work(tmp_path):
+    with pytest.raises(CheckpointConfigError, match="checkpoint_mode='fast' is invalid. Valid: 'full'") as e:
+        YOLO("yolo11n.yaml").train(data=str(tmp_path / "missing.yaml"), project=str(tmp_path), checkpoint_mode="fast")
+    assert "\n" not in str(e.value) and list(tmp_path.iterdir()) == []

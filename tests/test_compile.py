@@ -5,8 +5,8 @@ Three levels, each against an independent reference:
 - dynamo: ``torch._dynamo.explain`` of the training forward — the same graph count and no graph break, as the plain
   model;
 - the compiled graph (dynamo + AOTAutograd, ``aot_eager`` backend: the traced, functionalized graph run with eager
-  kernels): BatchNorm buffers, gradients and weights after optimizer steps are bitwise those of the compiled plain
-  model, with the checkpoint regions present in the traced graph;
+  kernels), full and selective: BatchNorm buffers, gradients and weights after optimizer steps are bitwise those of
+  the compiled plain model, with the checkpoint regions present in the traced graph;
 - Ultralytics' own ``compile=True`` (inductor) on CPU, on a small YOLO detector: one graph, process RSS measured
   instead of compile being switched off, and every saved field bitwise that of the compiled vanilla run.
 
@@ -53,13 +53,13 @@ def graphs_and_breaks(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int
     return explained.graph_count, explained.graph_break_count
 
 
-@pytest.mark.parametrize("stages", [[2, 3], "all"])
-def test_checkpointing_adds_no_graph_break(stages):
+@pytest.mark.parametrize("stages, mode", [([2, 3], "full"), ("all", "selective")])
+def test_checkpointing_adds_no_graph_break(stages, mode):
     torch.manual_seed(0)
     model = DetectionModel("yolo11n.yaml", nc=4, verbose=False).train()
     x = torch.rand(2, 3, 64, 64)
     plain = graphs_and_breaks(model, x)
-    enable_checkpointing(model, CheckpointPlan.from_spec(model, stages))
+    enable_checkpointing(model, CheckpointPlan.from_spec(model, stages), mode)
     assert graphs_and_breaks(model, x) == plain == (1, 0)
 
 
@@ -82,14 +82,15 @@ def compiled_steps(model: torch.nn.Module, batch: dict, steps: int = 2) -> list:
     return traced
 
 
-def test_compiled_recompute_keeps_batchnorm_and_gradients_exact():
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_compiled_recompute_keeps_batchnorm_and_gradients_exact(mode):
     torch.manual_seed(0)
-    base = DetectionModel("yolo11n.yaml", nc=4, verbose=False).train()
+    base = DetectionModel(deepcopy(TINY), verbose=False).train()
     base.args = get_cfg()  # the loss reads its hyperparameters here
     batch = training_batch(base, 64, 2)
     plain, ckpt = deepcopy(base), deepcopy(base)
     plan = CheckpointPlan.from_spec(ckpt, [2, 3])
-    enable_checkpointing(ckpt, plan)
+    enable_checkpointing(ckpt, plan, mode)
     compiled_steps(plain, batch)
     graphs = compiled_steps(ckpt, batch)
     tagged = [n for g in graphs for n in g.graph.nodes if n.target is torch.ops.higher_order.tag_activation_checkpoint]

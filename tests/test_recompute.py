@@ -1,5 +1,6 @@
 """checkpoint_region against plain autograd and plain torch.utils.checkpoint."""
 
+import math
 
 import pytest
 import torch
@@ -7,7 +8,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from ultralytics.nn.modules import C3k2, Conv
 
-from yolo_ckpt.recompute import checkpoint_region
+from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.recompute import CHEAP_CONV_MACS, checkpoint_region
 
 
 def stem_block(norm: nn.Module) -> nn.Sequential:
@@ -24,8 +26,12 @@ def plain(block, x):
     return block(x)
 
 
-def ours(block, x):
+def full(block, x):
     return checkpoint_region(block, x, modules=[block])
+
+
+def selective(block, x):
+    return checkpoint_region(block, x, modules=[block], mode="selective")
 
 
 NORMS = [
@@ -35,8 +41,9 @@ NORMS = [
 ]
 
 
+@pytest.mark.parametrize("ours", [full, selective])
 @pytest.mark.parametrize("make_norm", NORMS)
-def test_buffers_and_grads_bitwise_equal_to_plain_autograd(make_norm):
+def test_buffers_and_grads_bitwise_equal_to_plain_autograd(make_norm, ours):
     x = torch.randn(2, 3, 32, 32)
     ref, ckpt = stem_block(make_norm()), stem_block(make_norm())
     for _ in range(3):
@@ -62,7 +69,7 @@ def test_stem_gets_gradients_when_input_needs_none():
     x = torch.randn(2, 3, 32, 32)  # an image: requires_grad=False
     ref, ckpt, reentrant = (stem_block(nn.BatchNorm2d(8)) for _ in range(3))
     step(ref, plain, x)
-    step(ckpt, ours, x)
+    step(ckpt, full, x)
     assert ckpt[0].weight.grad is not None and ckpt[0].weight.grad.abs().sum() > 0
     assert torch.equal(ckpt[0].weight.grad, ref[0].weight.grad)
     # reentrant checkpointing, the default of older torch, leaves the stem without gradients
@@ -74,5 +81,33 @@ def test_stem_gets_gradients_when_input_needs_none():
 def test_buffer_restore_keeps_tensor_identity():
     block = stem_block(nn.BatchNorm2d(8))
     ids = [id(b) for b in block.buffers()]
-    step(block, ours, torch.randn(2, 3, 32, 32))
+    step(block, full, torch.randn(2, 3, 32, 32))
     assert ids == [id(b) for b in block.buffers()]  # EMA pairs state_dict tensors by key; objects stay the same
+
+
+def kept_bytes(run, block, x) -> int:
+    """Bytes the forward leaves alive for backward (output included), by exact live-tensor tracking."""
+    with LiveTensorTracker() as tracker:
+        out = run(block, x)
+        kept = tracker.current
+        out.sum().backward()
+    return kept
+
+
+def test_selective_keeps_the_outputs_of_expensive_convolutions():
+    """Selective keeps, beyond what full recompute keeps, exactly the outputs of the convolutions with more than
+    CHEAP_CONV_MACS multiply-adds per output element; far less than plain autograd keeps."""
+    block, x = stem_block(nn.BatchNorm2d(8)).train(), torch.randn(2, 3, 32, 32)
+    got = {run.__name__: kept_bytes(run, block, x) for run in (plain, full, selective)}
+    outputs = {}
+    convs = [m for m in block.modules() if isinstance(m, nn.Conv2d)]
+    record = lambda m, i, o: outputs.__setitem__(m, o.untyped_storage().nbytes())  # noqa: E731
+    hooks = [m.register_forward_hook(record) for m in convs]
+    block(x)
+    for h in hooks:
+        h.remove()
+    macs = {m: m.in_channels // m.groups * math.prod(m.kernel_size) for m in convs}  # per output element
+    expensive = [n for m, n in outputs.items() if macs[m] > CHEAP_CONV_MACS]
+    assert 0 < len(expensive) < len(outputs)  # the RGB stem (27) and the 1x1 convs over 16 channels are cheap
+    assert got["selective"] - got["full"] == sum(expensive), (got, outputs)
+    assert got["selective"] < got["plain"]

@@ -5,7 +5,7 @@ Example:
     >>> YOLO("yolo11n.yaml").train(data="data.yaml", imgsz=1280, checkpoint_stages=[2, 3])  # doctest: +SKIP
 """
 
-from .model import checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .stages import CheckpointConfigError, CheckpointPlan, Region, backbone_stages, model_stages
 from .trainer import (
     TRAINERS,
@@ -34,4 +34,5 @@ __all__ = (
     "enable_checkpointing",
     "disable_checkpointing",
     "checkpoint_plan",
+    "checkpoint_mode",
 )

@@ -14,9 +14,9 @@ Example:
     >>> from ultralytics.nn.tasks import DetectionModel
     >>> from yolo_ckpt.stages import CheckpointPlan
     >>> model = DetectionModel("yolo11n.yaml", verbose=False)
-    >>> enable_checkpointing(model, CheckpointPlan.from_spec(model, [2, 3]))
-    >>> checkpoint_plan(model).stages
-    [2, 3]
+    >>> enable_checkpointing(model, CheckpointPlan.from_spec(model, [2, 3]), mode="selective")
+    >>> checkpoint_plan(model).stages, checkpoint_mode(model)
+    ([2, 3], 'selective')
     >>> disable_checkpointing(model)
     >>> checkpoint_plan(model) is None
     True
@@ -29,7 +29,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .recompute import checkpoint_region
+from .recompute import MODES, checkpoint_region
 from .stages import CheckpointPlan, Region
 
 
@@ -43,7 +43,7 @@ def _run_layers(layers: list[nn.Module], keep: tuple[bool, ...], x: torch.Tensor
     return (*kept, x)
 
 
-def _predict_once(model: nn.Module, plan: CheckpointPlan, x, profile=False, embed=None):
+def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, x, profile=False, embed=None):
     """``BaseModel._predict_once`` with each plan region recomputed in backward (same signature, same result)."""
     if profile or embed or not (model.training and torch.is_grad_enabled()):
         return type(model)._predict_once(model, x, profile, embed)
@@ -61,7 +61,7 @@ def _predict_once(model: nn.Module, plan: CheckpointPlan, x, profile=False, embe
             continue
         members = [layers[j] for j in region.layers]
         keep = tuple(j in model.save for j in region.layers[:-1])
-        outs = checkpoint_region(partial(_run_layers, members, keep), x, modules=members)
+        outs = checkpoint_region(partial(_run_layers, members, keep), x, modules=members, mode=mode)
         n = 0  # indexing, not iter()/next(): the loop stays traceable by torch.compile (one graph, no breaks)
         for k in keep:
             y.append(outs[n] if k else None)
@@ -72,16 +72,19 @@ def _predict_once(model: nn.Module, plan: CheckpointPlan, x, profile=False, embe
     return x
 
 
-def enable_checkpointing(model: nn.Module, plan: CheckpointPlan) -> None:
+def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "full") -> None:
     """Make ``model`` recompute the plan's regions during backward; an empty plan leaves it plain.
 
     Args:
         model: An Ultralytics ``BaseModel`` (detect, segment, pose, obb or classify).
         plan: Regions of consecutive layers, each reading only the previous layer after its first.
+        mode: How each region is recomputed, one of ``yolo_ckpt.recompute.MODES``.
     """
+    if mode not in MODES:
+        raise ValueError(f"checkpoint mode {mode!r} is not one of {MODES}")
     disable_checkpointing(model)
     if plan.regions:
-        model._predict_once = partial(_predict_once, model, plan)
+        model._predict_once = partial(_predict_once, model, plan, mode)
 
 
 def disable_checkpointing(model: nn.Module) -> None:
@@ -93,3 +96,9 @@ def checkpoint_plan(model: nn.Module) -> CheckpointPlan | None:
     """The plan installed on ``model``, or ``None`` when it runs plainly."""
     fn = model.__dict__.get("_predict_once")
     return fn.args[1] if isinstance(fn, partial) else None
+
+
+def checkpoint_mode(model: nn.Module) -> str | None:
+    """How the installed plan's regions are recomputed (``"full"``/``"selective"``), or ``None`` when plain."""
+    fn = model.__dict__.get("_predict_once")
+    return fn.args[2] if isinstance(fn, partial) else None

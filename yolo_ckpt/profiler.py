@@ -142,10 +142,10 @@ def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dty
     return Step(peak, counter.get_total_flops(), seconds, saved, cuda_peak)
 
 
-def with_plan(model: nn.Module, spec: Any) -> nn.Module:
-    """A copy of ``model`` with ``checkpoint_stages=spec`` installed."""
+def with_plan(model: nn.Module, spec: Any, mode: str = "full") -> nn.Module:
+    """A copy of ``model`` with ``checkpoint_stages=spec`` (and ``checkpoint_mode=mode``) installed."""
     m = copy.deepcopy(model)
-    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec))
+    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec), mode)
     return m
 
 
@@ -171,6 +171,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
                   progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
     """Measure each plan's training step side by side; ratios are to the first plan (vanilla).
 
+    A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode)`` pair.
+
     Memory and FLOPs are exact per plan; step times are medians of ``repeats`` interleaved rounds (``time_steps``);
     ``amp`` is the forward's autocast dtype (``None``: full precision).
 
@@ -180,7 +182,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     from ultralytics.utils import TQDM
 
     data = training_batch(model, imgsz, batch)
-    models = {name: with_plan(model, spec) for name, spec in plans.items()}
+    plans = {name: spec if isinstance(spec, tuple) else (spec, "full") for name, spec in plans.items()}
+    models = {name: with_plan(model, *spec) for name, spec in plans.items()}
     items = TQDM(models.items(), desc="plans", total=len(models)) if progress else models.items()
     steps = {name: measure_step(m, data, repeats=1, amp=amp) for name, m in items}  # a timed step warms up too
     seconds = time_steps(list(models.values()), data, repeats, amp)
@@ -189,7 +192,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     for (name, step), s in zip(steps.items(), seconds):
         rows.append({
             "plan": name,
-            "stages": CheckpointPlan.from_spec(model, plans[name]).stages,
+            "stages": CheckpointPlan.from_spec(model, plans[name][0]).stages,
+            "mode": plans[name][1],
             "peak_MiB": round(step.peak_bytes / 2**20, 1),
             "GFLOPs": round(step.flops / 1e9, 2),
             "step_s": round(s, 4),
@@ -264,12 +268,13 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
 
 
 def standard_plans(model: nn.Module) -> dict[str, Any]:
-    """The plans the profiler compares: none, each single stage, [2,3] and all."""
+    """The plans the profiler compares: none, each single stage, [2,3] and all, then all recomputed selectively."""
     stages = sorted(model_stages(model))
     plans = {"none": [], **{f"[{k}]": [k] for k in stages}}
     if {2, 3} <= set(stages):
         plans["[2,3]"] = [2, 3]
     plans["all"] = "all"
+    plans["all selective"] = ("all", "selective")
     return plans
 
 

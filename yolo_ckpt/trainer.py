@@ -34,8 +34,9 @@ from ultralytics.utils.torch_utils import unwrap_model
 
 from .autobatch import parse_memory, plan_batch
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
-from .model import checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .profiler import with_plan
+from .recompute import MODES
 from .resources import data_file
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages
 
@@ -52,13 +53,16 @@ def check_settings(model: Any, args: dict) -> None:
         args: Training arguments holding ``checkpoint_stages`` and ``memory_budget``.
 
     Raises:
-        CheckpointConfigError: For invalid stages of this model or an unreadable memory budget.
+        CheckpointConfigError: For invalid stages of this model, an unknown mode or an unreadable memory budget.
     """
     if args.get("memory_budget") is not None:
         try:
             parse_memory(args["memory_budget"])
         except ValueError as e:
             raise CheckpointConfigError(str(e)) from None
+    if (mode := args.get("checkpoint_mode") or "full") not in MODES:
+        raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
+                                    f"'selective' (keep convolution outputs, recompute the rest).")
     if model is not None:
         CheckpointPlan.from_spec(model, args.get("checkpoint_stages"))
 
@@ -89,7 +93,7 @@ def skip_frozen_stages(trainer: Any) -> None:
     if dropped:
         LOGGER.warning(f"{PREFIX} stages {dropped} not recomputed: all their parameters are frozen and no gradient "
                        f"flows into them, so they store nothing for backward; checkpointing {kept.stages or 'nothing'}")
-        enable_checkpointing(model, kept)
+        enable_checkpointing(model, kept, checkpoint_mode(model))
 
 
 class CheckpointMixin:
@@ -131,15 +135,17 @@ class CheckpointMixin:
         """Build the Ultralytics model and install the checkpoint plan on it."""
         model = super().get_model(cfg=cfg, weights=weights, verbose=verbose)
         plan = CheckpointPlan.from_spec(model, self.args.checkpoint_stages)
-        enable_checkpointing(model, plan)
+        mode = self.args.checkpoint_mode or "full"
+        enable_checkpointing(model, plan, mode)
         if not plan.regions:
             LOGGER.info(f"{PREFIX} off, all activations stored")
         stages = model_stages(model)
+        how = ", selective: convolution outputs kept" if mode == "selective" else ""
         for region in plan.regions:
             shared = f", recomputed as one region with stages {list(region.stages)}" if len(region.stages) > 1 else ""
             for k in region.stages:
                 types = ", ".join(type(model.model[i]).__name__ for i in stages[k])
-                LOGGER.info(f"{PREFIX} stage {k} (P{k}/{2**k}) layers {list(stages[k])}: {types}{shared}")
+                LOGGER.info(f"{PREFIX} stage {k} (P{k}/{2**k}) layers {list(stages[k])}: {types}{shared}{how}")
         return model
 
     def train(self):
@@ -213,6 +219,7 @@ class CheckpointMixin:
             return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         model = self.model
         stages = (checkpoint_plan(unwrap_model(model)) or CheckpointPlan()).stages
+        stages = f"{stages} selective" if checkpoint_mode(unwrap_model(model)) == "selective" else stages
         if self.args.memory_budget is not None:
             return self._plan_for_budget(unwrap_model(model), stages, max_num_obj, dataset_size)
         try:
@@ -225,7 +232,7 @@ class CheckpointMixin:
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with stages {stages} ({self.autobatch_without} without)")
         return batch
 
-    def _plan_for_budget(self, model: nn.Module, stages: list[int], max_num_obj: int, dataset_size: int) -> int:
+    def _plan_for_budget(self, model: nn.Module, stages: Any, max_num_obj: int, dataset_size: int) -> int:
         """``memory_budget`` AutoBatch on copies of the model (probe steps would move BatchNorm statistics).
 
         Steps are measured under the autocast dtype this run trains with, and one copy exists at a time, so planning
