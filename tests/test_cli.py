@@ -37,7 +37,9 @@ def test_unknown_key_gives_the_yolo_error():
     assert last_line(ours.stderr) == last_line(theirs.stderr)
     assert "'epochz' is not a valid YOLO argument" in ours.stderr
     typo = run(sys.executable, "-m", "yolo_ckpt", "train", "chekpoint_stages=1")
-    assert "Similar arguments are i.e. ['checkpoint_stages']" in last_line(typo.stderr)
+    assert "Similar arguments are i.e. ['checkpoint_stages'," in last_line(typo.stderr)  # the closest first
+    typo = run(sys.executable, "-m", "yolo_ckpt", "train", "checkpoint_mod=full")
+    assert "Similar arguments are i.e. ['checkpoint_mode=full'" in last_line(typo.stderr)
 
 
 def test_other_modes_are_yolo():
