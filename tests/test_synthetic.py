@@ -1,4 +1,5 @@
-"""Tests for yolo_ckpt.synthetic: determinism, label validity, Ultralytics acceptance, caching and atomicity."""
+"""Tests for yolo_ckpt.synthetic: determinism, label validity, Ultralytics acceptance, caching and atomicity, for the
+aerial dataset and its grayscale medical variant."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ import pytest
 import yaml
 
 from yolo_ckpt import synthetic
-from yolo_ckpt.synthetic import SCENE_TASKS, TASKS, dataset_name, recipe, synthetic_dataset
+from yolo_ckpt.synthetic import (
+    DEFAULT_VARIANT,
+    SCENE_TASKS,
+    TASKS,
+    VARIANTS,
+    dataset_name,
+    recipe,
+    recipe_tasks,
+    synthetic_dataset,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = {"detect": 5, "obb": 9}  # fixed label row widths; segment and pose are checked separately
+MEDICAL = "synthetic_medical"
+# (variant, task) for every scene task each variant labels
+SCENES = [pytest.param(v, t, id=f"{v}-{t}") for v in VARIANTS for t in recipe_tasks(recipe(v)) if t in SCENE_TASKS]
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +37,20 @@ def root(tmp_path_factory) -> Path:
     for task in TASKS:
         synthetic_dataset(task, r)
     return r
+
+
+@pytest.fixture(scope="module")
+def medical_root(tmp_path_factory) -> Path:
+    """One cache root with every task of the grayscale medical variant generated once."""
+    r = tmp_path_factory.mktemp("root_medical")
+    for task in recipe_tasks(recipe(MEDICAL)):
+        synthetic_dataset(task, r, variant=MEDICAL)
+    return r
+
+
+def _root(request, variant: str) -> Path:
+    """The module's cache root of a variant (generated on first use by a test that needs it)."""
+    return request.getfixturevalue("medical_root" if variant == MEDICAL else "root")
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +68,13 @@ def _files(base: Path) -> dict[str, Path]:
     }
 
 
-def _task_dir(root: Path, task: str) -> Path:
-    return root / dataset_name(recipe()) / task
+def _task_dir(root: Path, task: str, variant: str = DEFAULT_VARIANT) -> Path:
+    return root / dataset_name(recipe(variant), variant) / task
 
 
-def _split_labels(root: Path, task: str, split: str) -> list[list[list[float]]]:
+def _split_labels(root: Path, task: str, split: str, variant: str = DEFAULT_VARIANT) -> list[list[list[float]]]:
     """Parse every label file of a split: per image, per object, the row as floats."""
-    files = sorted((_task_dir(root, task) / "labels" / split).glob("*.txt"))
+    files = sorted((_task_dir(root, task, variant) / "labels" / split).glob("*.txt"))
     return [[[float(v) for v in line.split()] for line in f.read_text().splitlines()] for f in files]
 
 
@@ -58,6 +85,27 @@ def test_recipe_is_data_only():
     assert len(r["flip_idx"]) == len(r["keypoints"])
     assert not list((REPO / "datasets").glob("*.py")), "datasets/ must hold data only"
     assert synthetic._recipe_path().read_bytes() == (REPO / "datasets" / "synthetic_hr.yaml").read_bytes()
+    assert sorted(p.stem for p in (REPO / "datasets").glob("*.yaml")) == sorted(VARIANTS)
+    for variant in VARIANTS:
+        assert synthetic._recipe_path(variant).read_bytes() == (REPO / "datasets" / f"{variant}.yaml").read_bytes()
+
+
+def test_medical_recipe_is_grayscale():
+    r = recipe(MEDICAL)
+    assert r["channels"] == 1 and r["imgsz"] == 2048 and isinstance(r["version"], int)
+    assert len(r["background"]["color"]) == 1 and all(len(s["color"]) == 1 for s in r["shapes"].values())
+    assert set(r["shapes"]) == set(r["names"].values())
+    assert recipe_tasks(r) == ("detect", "segment", "obb") and recipe_tasks(recipe()) == TASKS
+    assert dataset_name(r, MEDICAL).startswith("synthetic_medical-v1-") and dataset_name(r, MEDICAL) != dataset_name(r)
+
+
+def test_unknown_variant_or_unlabelled_task(tmp_path):
+    with pytest.raises(ValueError, match="unknown dataset variant 'ct'"):
+        synthetic_dataset("segment", tmp_path, variant="ct")
+    for task in ("pose", "classify"):  # the medical recipe has no keypoints and no classify section
+        with pytest.raises(ValueError, match=f"synthetic_medical has no {task} labels"):
+            synthetic_dataset(task, tmp_path, variant=MEDICAL)
+    assert list(tmp_path.iterdir()) == []  # rejected before anything is written
 
 
 def test_paths_returned(root):
@@ -94,14 +142,44 @@ def test_recipe_change_gives_new_dir():
     assert dataset_name(changed) != dataset_name(r)
 
 
-@pytest.mark.parametrize("task", SCENE_TASKS)
-def test_labels_parse_and_are_normalized(root, task):
-    r = recipe()
+def test_medical_byte_identical_regeneration(medical_root, tmp_path):
+    """The grayscale variant regenerates byte for byte; its scene tasks share the same image bytes."""
+    synthetic_dataset("segment", tmp_path, variant=MEDICAL)  # alone: its images are written, not linked
+    r = recipe(MEDICAL)
+    name = dataset_name(r, MEDICAL)
+    a, b = _files(medical_root / name / "segment"), _files(tmp_path / name / "segment")
+    assert a.keys() == b.keys() and sum(k.endswith(".png") for k in a) == r["train"] + r["val"]
+    for rel in a:
+        if rel != "data.yaml":  # holds the absolute root path
+            assert a[rel].read_bytes() == b[rel].read_bytes(), rel
+    for task in ("detect", "obb"):
+        other = _files(medical_root / name / task)
+        assert all(other[k].read_bytes() == a[k].read_bytes() for k in a if k.endswith(".png"))
+
+
+def test_medical_images_are_single_channel(medical_root):
+    r = recipe(MEDICAL)
+    for task in recipe_tasks(r):
+        data = yaml.safe_load(_task_dir(medical_root, task, MEDICAL).joinpath("data.yaml").read_text())
+        assert data["channels"] == 1
+    pngs = sorted(_task_dir(medical_root, "segment", MEDICAL).rglob("*.png"))
+    assert len(pngs) == r["train"] + r["val"]
+    for png in pngs:
+        with open(png, "rb") as f:
+            head = f.read(26)
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[24:26] == bytes([8, 0]), png  # IHDR: 8-bit, grayscale
+    img = cv2.imread(str(pngs[0]), cv2.IMREAD_UNCHANGED)
+    assert img.shape == (r["imgsz"], r["imgsz"]) and img.dtype == np.uint8 and img.std() > 5  # not a flat image
+
+
+@pytest.mark.parametrize("variant, task", SCENES)
+def test_labels_parse_and_are_normalized(request, variant, task):
+    root = _root(request, variant)
+    r = recipe(variant)
     lo, hi = r["objects"]
-    nkpt, ndim = len(r["keypoints"]), r["kpt_dims"]
     for split in ("train", "val"):
-        images = sorted((_task_dir(root, task) / "images" / split).glob("*.png"))
-        labels = _split_labels(root, task, split)
+        images = sorted((_task_dir(root, task, variant) / "images" / split).glob("*.png"))
+        labels = _split_labels(root, task, split, variant)
         assert len(images) == len(labels) == r[split]
         for rows in labels:
             assert lo // 2 <= len(rows) <= hi
@@ -109,7 +187,9 @@ def test_labels_parse_and_are_normalized(root, task):
                 assert row[0] in range(len(r["names"]))
                 if task == "segment":
                     assert len(row) % 2 == 1 and len(row) >= 7
+                    assert cv2.contourArea(np.float32(row[1:]).reshape(-1, 2)) > 0  # a polygon, not a line
                 elif task == "pose":
+                    nkpt, ndim = len(r["keypoints"]), r["kpt_dims"]
                     assert len(row) == 5 + nkpt * ndim
                     assert all(v == 2 for v in row[5 + 2 :: ndim])  # visibility flags
                 else:
@@ -128,22 +208,24 @@ def test_formats_agree(root):
             assert rd == rp[:5] and rd[0] == rs[0]
 
 
-def test_labels_match_pixels(root):
+@pytest.mark.parametrize("variant, images, min_checked", [(DEFAULT_VARIANT, 3, 20), (MEDICAL, 4, 10)])
+def test_labels_match_pixels(request, variant, images, min_checked):
     """Inside each labelled polygon, most pixels have the recipe colour (within jitter) of the labelled class."""
-    r = recipe()
+    root = _root(request, variant)
+    r = recipe(variant)
     size = r["imgsz"]
-    task_dir = _task_dir(root, "segment")
+    task_dir = _task_dir(root, "segment", variant)
     checked = 0
-    for img_file in sorted((task_dir / "images" / "val").glob("*.png"))[:3]:
-        img = cv2.imread(str(img_file))
-        for row in _split_labels(root, "segment", "val")[int(img_file.stem.split("_")[1])]:
+    for img_file in sorted((task_dir / "images" / "val").glob("*.png"))[:images]:
+        img = cv2.imread(str(img_file), cv2.IMREAD_UNCHANGED)  # BGR, or 2-D grayscale
+        for row in _split_labels(root, "segment", "val", variant)[int(img_file.stem.split("_")[1])]:
             poly = np.array(row[1:]).reshape(-1, 2) * size
             mask = np.zeros(img.shape[:2], np.uint8)
             cv2.fillPoly(mask, [np.rint(poly).astype(np.int32)], 1)
             mask = cv2.erode(mask, np.ones((3, 3), np.uint8))
             if mask.sum() < 40:  # too small to judge after erosion
                 continue
-            inside = img[mask.astype(bool)].astype(int)
+            inside = img[mask.astype(bool)].astype(int).reshape(int(mask.sum()), -1)  # pixels x channels
             share = {  # share of pixels that could be each class's body fill (the front detail is darker/lighter)
                 name: np.all(np.abs(inside - spec["color"]) <= spec["jitter"], axis=1).mean()
                 for name, spec in r["shapes"].items()
@@ -151,17 +233,19 @@ def test_labels_match_pixels(root):
             labelled = r["names"][int(row[0])]
             assert share[labelled] > 0.25 and max(share, key=share.get) == labelled, (img_file.name, row[0], share)
             checked += 1
-    assert checked > 20
+    assert checked > min_checked
 
 
-@pytest.mark.parametrize("task", SCENE_TASKS)
-def test_ultralytics_accepts_scene_dataset(root, task, tmp_path):
+@pytest.mark.parametrize("variant, task", SCENES)
+def test_ultralytics_accepts_scene_dataset(request, variant, task, tmp_path):
     from ultralytics.data.dataset import YOLODataset
     from ultralytics.data.utils import check_det_dataset
 
-    r = recipe()
-    data = check_det_dataset(str(synthetic_dataset(task, root)))
+    r = recipe(variant)
+    data = check_det_dataset(str(synthetic_dataset(task, _root(request, variant), variant)))
     assert data["nc"] == len(r["names"]) and data["names"] == r["names"]
+    channels = r.get("channels", 3)
+    assert data["channels"] == channels  # what the trainer builds the model with (ch=data["channels"])
     if task == "pose":
         assert data["kpt_shape"] == [len(r["keypoints"]), r["kpt_dims"]] and data["flip_idx"] == r["flip_idx"]
     for split in ("train", "val"):
@@ -169,9 +253,10 @@ def test_ultralytics_accepts_scene_dataset(root, task, tmp_path):
         scan = ds.cache_labels(tmp_path / f"{split}.cache")  # Ultralytics' own per-file verification
         nf, nm, ne, nc, total = scan["results"]
         assert (nf, nm, ne, nc, total) == (r[split], 0, 0, 0, r[split]) and scan["msgs"] == []
-        assert len(ds.labels) == r[split] and sum(len(lb["cls"]) for lb in ds.labels) > r[split] * 10
+        assert ds.channels == channels
+        assert len(ds.labels) == r[split] and sum(len(lb["cls"]) for lb in ds.labels) > r[split] * r["objects"][0] // 2
         item = ds[0]
-        assert item["img"].shape[1:] == (256, 256) and len(item["cls"]) > 0
+        assert item["img"].shape == (channels, 256, 256) and len(item["cls"]) > 0
         if task == "segment":
             assert item["masks"].any()
         if task == "pose":

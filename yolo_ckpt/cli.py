@@ -3,8 +3,9 @@
 ``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
 defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
 checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (nothing to download), without
-``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task. Every other mode is
-handed to ``yolo`` unchanged.
+``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task; ``data=synthetic_medical``
+(which ``cfg/medical_2048.yaml`` sets) picks the grayscale medical variant instead. Every other mode is handed to
+``yolo`` unchanged.
 
 ``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
 
@@ -12,6 +13,7 @@ Example:
     $ yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4
     $ yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=[2,3]
     $ yolo-ckpt train                       # yolo11n on the embedded dataset, offline
+    $ yolo-ckpt train cfg=cfg/medical_2048.yaml   # 1-channel segmentation on the embedded grayscale variant
     $ yolo-ckpt val model=runs/detect/train/weights/best.pt data=coco.yaml   # plain `yolo val`
 """
 
@@ -98,12 +100,35 @@ def train(args: list[str]) -> None:
     if not overrides.get("resume"):  # reject bad settings before the model is built or the dataset generated
         check_settings(overrides["model"], overrides)
     model = YOLO(overrides.pop("model"), task=task)
-    if not overrides.get("data") and not overrides.get("resume"):
-        from .synthetic import synthetic_dataset
+    data = overrides.get("data")
+    if not overrides.get("resume") and (not data or embedded_variant(data)):
+        from .synthetic import DEFAULT_VARIANT, recipe, recipe_tasks, synthetic_dataset
 
-        overrides["data"] = str(synthetic_dataset(model.task))
-        LOGGER.info(f"'data' argument is missing. Using the embedded synthetic dataset 'data={overrides['data']}'.")
+        variant = data or DEFAULT_VARIANT
+        if model.task not in (tasks := recipe_tasks(recipe(variant))):  # one line, as for bad stages
+            raise CheckpointConfigError(f"data={variant}: the embedded dataset has no {model.task} labels. "
+                                        f"Valid tasks: {', '.join(tasks)}.")
+        overrides["data"] = str(synthetic_dataset(model.task, variant=variant))
+        missing = "" if data else "'data' argument is missing. "
+        LOGGER.info(f"{missing}Using the embedded synthetic dataset 'data={overrides['data']}'.")
     model.train(**overrides)
+
+
+def embedded_variant(data: object) -> bool:
+    """Whether a ``data=`` value names an embedded synthetic dataset (``synthetic_hr``, ``synthetic_medical``).
+
+    Like Ultralytics' ``data=coco8.yaml``, the name stands for a dataset yolo-ckpt generates for the model's task; a
+    local file or directory of that name wins, so the names never hide user data.
+
+    Args:
+        data: The ``data=`` value.
+
+    Returns:
+        (bool): True when ``train`` should generate the embedded variant ``data`` names.
+    """
+    from .synthetic import VARIANTS
+
+    return isinstance(data, str) and data in VARIANTS and not Path(data).exists()
 
 
 def main(argv: list[str] | None = None) -> int:

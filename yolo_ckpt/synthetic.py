@@ -1,10 +1,16 @@
-"""Deterministic synthetic high-resolution dataset for all five Ultralytics tasks, generated locally.
+"""Deterministic synthetic high-resolution datasets for the Ultralytics tasks, generated locally.
 
-The recipe lives in ``datasets/synthetic_hr.yaml`` (installed as ``yolo_ckpt.datasets``): 1024x1024 aerial-style
-scenes with many small non-overlapping objects (vehicle, building, tree, boat) on a textured background. The same
-recipe always yields byte-identical PNG images and labels, so runs on different days train on the same data.
+Each variant is a recipe in ``datasets/<variant>.yaml`` (installed as ``yolo_ckpt.datasets``), drawn by the same
+generator:
 
-Each task gets its own directory under ``<root>/synthetic_hr-v<version>-<hash>/<task>/``, where ``root`` is the
+- ``synthetic_hr`` (the default): 1024x1024 aerial-style colour scenes with many small non-overlapping objects
+  (vehicle, building, tree, boat) on a textured background; labels for all five tasks.
+- ``synthetic_medical``: 2048x2048 grayscale (1-channel) scan-like images with a few smooth blob and ellipse findings
+  (lesion, cyst, mass) on a smooth noisy background; detect, segment and obb labels, ``channels: 1`` in its data.yaml.
+
+The same recipe always yields byte-identical PNG images and labels, so runs on different days train on the same data.
+
+Each task gets its own directory under ``<root>/<variant>-v<version>-<hash>/<task>/``, where ``root`` is the
 ``root`` argument, else ``$YOLO_CKPT_DATASETS``, else ``~/.cache/yolo_ckpt/datasets``, and ``hash`` is a short hash of
 the recipe content. A task directory is written under a temporary name and renamed into place, so it is either
 complete or absent; an existing one is reused as is. detect, segment, obb and pose share the same images (hard-linked
@@ -17,6 +23,7 @@ Example:
     >>> data = synthetic_dataset("detect")  # .../synthetic_hr-v1-<hash>/detect/data.yaml, generated on first use
     >>> YOLO("yolo11n.yaml").train(data=str(data), epochs=1, imgsz=1024, batch=2)
     >>> synthetic_dataset("classify")  # a directory with train/<class>/*.png and val/<class>/*.png
+    >>> synthetic_dataset("segment", variant="synthetic_medical")  # .../synthetic_medical-v1-<hash>/segment/data.yaml
 """
 
 from __future__ import annotations
@@ -37,38 +44,61 @@ from .resources import data_file
 
 TASKS = ("detect", "segment", "obb", "pose", "classify")
 SCENE_TASKS = ("detect", "segment", "obb", "pose")  # tasks that share the same scene images
-RECIPE_FILE = "synthetic_hr.yaml"
+VARIANTS = ("synthetic_hr", "synthetic_medical")  # recipe file stems in datasets/
+DEFAULT_VARIANT = "synthetic_hr"
 _SHIFT = 4  # cv2 fixed-point bits: polygons are drawn at 1/16 pixel precision
 _ELLIPSE_POINTS = 24  # polygon vertices used to draw and label an ellipse
+_BLOB_POINTS = 32  # polygon vertices of a blob: more than an ellipse, as its margin wobbles
 
 
-def recipe() -> dict[str, Any]:
-    """Load the dataset recipe ``synthetic_hr.yaml``.
+def recipe(variant: str = DEFAULT_VARIANT) -> dict[str, Any]:
+    """Load the recipe of a dataset variant, ``datasets/<variant>.yaml``.
+
+    Args:
+        variant (str): One of :data:`VARIANTS`.
 
     Returns:
         (dict[str, Any]): The parsed recipe.
+
+    Raises:
+        ValueError: If ``variant`` is unknown.
     """
-    return yaml.safe_load(_recipe_path().read_text(encoding="utf-8"))
+    return yaml.safe_load(_recipe_path(variant).read_text(encoding="utf-8"))
 
 
-def synthetic_dataset(task: str = "detect", root: str | Path | None = None) -> Path:
+def recipe_tasks(r: dict[str, Any]) -> tuple[str, ...]:
+    """Tasks a recipe can label: every scene task, pose only with ``keypoints``, classify only with ``classify``.
+
+    Args:
+        r (dict[str, Any]): A recipe, as returned by :func:`recipe`.
+
+    Returns:
+        (tuple[str, ...]): The tasks, in the order of :data:`TASKS`.
+    """
+    return tuple(t for t in TASKS if (t != "pose" or "keypoints" in r) and (t != "classify" or "classify" in r))
+
+
+def synthetic_dataset(task: str = "detect", root: str | Path | None = None, variant: str = DEFAULT_VARIANT) -> Path:
     """Generate (once) and return the data path for ``task``.
 
     Args:
-        task (str): One of ``detect``, ``segment``, ``obb``, ``pose``, ``classify``.
+        task (str): One of ``detect``, ``segment``, ``obb``, ``pose``, ``classify`` that the variant labels.
         root (str | Path | None): Cache root; defaults to ``$YOLO_CKPT_DATASETS``, else ``~/.cache/yolo_ckpt/datasets``.
+        variant (str): Which recipe, one of :data:`VARIANTS`.
 
     Returns:
         (Path): The data YAML path for detect/segment/pose/obb, or the dataset root directory (holding ``train/`` and
             ``val/``) for classify, as Ultralytics classification takes a directory.
 
     Raises:
-        ValueError: If ``task`` is unknown.
+        ValueError: If ``task`` or ``variant`` is unknown, or the variant has no labels for ``task``.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}, expected one of {TASKS}")
-    r = recipe()
-    base = _cache_root(root) / dataset_name(r)
+    r = recipe(variant)
+    if task not in (tasks := recipe_tasks(r)):
+        raise ValueError(f"{variant} has no {task} labels, expected one of {tasks}")
+    base = _cache_root(root) / dataset_name(r, variant)
     final = base / task
     if not final.is_dir():
         base.mkdir(parents=True, exist_ok=True)
@@ -78,7 +108,7 @@ def synthetic_dataset(task: str = "detect", root: str | Path | None = None) -> P
             if task == "classify":
                 _write_classify(r, tmp)
             else:
-                _write_scenes(r, task, tmp, final)
+                _write_scenes(r, task, tmp, final, variant)
             try:
                 os.rename(tmp, final)  # atomic; fails if a concurrent caller got there first
             except OSError:
@@ -90,22 +120,25 @@ def synthetic_dataset(task: str = "detect", root: str | Path | None = None) -> P
     return final if task == "classify" else final / "data.yaml"
 
 
-def dataset_name(r: dict[str, Any]) -> str:
-    """Return the directory name for a recipe: ``synthetic_hr-v<version>-<8 hex digits of its content hash>``.
+def dataset_name(r: dict[str, Any], variant: str = DEFAULT_VARIANT) -> str:
+    """Return the directory name for a recipe: ``<variant>-v<version>-<8 hex digits of its content hash>``.
 
     Args:
         r (dict[str, Any]): A recipe, as returned by :func:`recipe`.
+        variant (str): The variant the recipe belongs to.
 
     Returns:
         (str): The dataset directory name.
     """
     digest = hashlib.sha256(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return f"synthetic_hr-v{r['version']}-{digest}"
+    return f"{variant}-v{r['version']}-{digest}"
 
 
-def _recipe_path() -> Path:
-    """The recipe file, in an installed wheel or a source checkout."""
-    return data_file("datasets", RECIPE_FILE)
+def _recipe_path(variant: str = DEFAULT_VARIANT) -> Path:
+    """The recipe file of a variant, in an installed wheel or a source checkout."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown dataset variant {variant!r}, expected one of {VARIANTS}")
+    return data_file("datasets", f"{variant}.yaml")
 
 
 def _cache_root(root: str | Path | None) -> Path:
@@ -117,7 +150,7 @@ def _cache_root(root: str | Path | None) -> Path:
 # Scenes: detect, segment, obb, pose ---------------------------------------------------------------------------------
 
 
-def _write_scenes(r: dict[str, Any], task: str, out: Path, final: Path) -> None:
+def _write_scenes(r: dict[str, Any], task: str, out: Path, final: Path, variant: str) -> None:
     """Write images, labels and data.yaml for one scene task into ``out`` (which will be renamed to ``final``)."""
     names = {int(k): v for k, v in r["names"].items()}
     for split_idx, split in enumerate(("train", "val")):
@@ -134,12 +167,14 @@ def _write_scenes(r: dict[str, Any], task: str, out: Path, final: Path) -> None:
                 _write_png(image, _render(rng, r, objects, int(r["imgsz"])))  # same rng, drawn after the layout
 
     data: dict[str, Any] = {"path": str(final), "train": "images/train", "val": "images/val", "names": names}
+    if "channels" in r:  # Ultralytics reads it to load grayscale images and build a model with that many inputs
+        data["channels"] = int(r["channels"])
     if task == "pose":
         kpts = list(r["keypoints"])
         data["kpt_shape"] = [len(kpts), int(r["kpt_dims"])]
         data["flip_idx"] = [int(x) for x in r["flip_idx"]]
         data["kpt_names"] = {k: list(kpts) for k in names}  # distinct lists: no YAML anchors
-    header = f"# {final.parent.name} ({task}), generated by yolo_ckpt.synthetic from {RECIPE_FILE}; do not edit\n"
+    header = f"# {final.parent.name} ({task}), generated by yolo_ckpt.synthetic from {variant}.yaml; do not edit\n"
     text = header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True)
     (out / "data.yaml").write_text(text, encoding="utf-8")
 
@@ -165,12 +200,17 @@ def _scene(rng: np.random.Generator, r: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _object(rng: np.random.Generator, r: dict[str, Any], cls: int, size_range: list[int]) -> dict[str, Any]:
-    """Draw the class-specific size, aspect, angle and colour of one object (position left to the caller)."""
+    """Draw the class-specific size, aspect, angle, colour and outline of one object (position left to the caller).
+
+    The colour has one value per image channel (one for grayscale). A blob draws its outline after everything else,
+    so recipes without blobs draw exactly the values they always did.
+    """
     spec = r["shapes"][r["names"][cls]]
     length = float(rng.uniform(size_range[0], size_range[1]))
     width = length / float(rng.uniform(*spec["aspect"]))
     jitter = int(spec["jitter"])
-    color = np.clip(np.array(spec["color"]) + rng.integers(-jitter, jitter + 1, 3), 0, 255)
+    base = np.atleast_1d(spec["color"])
+    color = np.clip(base + rng.integers(-jitter, jitter + 1, base.size), 0, 255)
     return {
         "cls": cls,
         "shape": spec["shape"],
@@ -179,7 +219,28 @@ def _object(rng: np.random.Generator, r: dict[str, Any], cls: int, size_range: l
         "angle": float(rng.uniform(0, 2 * np.pi)),
         "color": tuple(int(c) for c in color),
         "radius": 0.5 * float(np.hypot(length, width)),
+        "outline": _blob(rng, float(spec["irregularity"])) if spec["shape"] == "blob" else _outline(spec["shape"]),
     }
+
+
+def _blob(rng: np.random.Generator, irregularity: float) -> np.ndarray:
+    """Return a random smooth outline in unit local coordinates, like a lesion's margin.
+
+    A circle whose radius wobbles with harmonics 2-4 of random phase, scaled so its farthest point lies on the circle
+    of radius 0.5: inside the unit box, like the fixed shapes, so layout and labels treat it alike.
+
+    Args:
+        rng (np.random.Generator): The object's random stream.
+        irregularity (float): Wobble amplitude in [0, 0.9): 0 is an ellipse; below 0.9 the radius stays positive, so
+            the outline is star-shaped around the centre and never crosses itself.
+    """
+    if not 0 <= irregularity < 0.9:
+        raise ValueError(f"blob irregularity {irregularity} must lie in [0, 0.9)")
+    t = np.linspace(0, 2 * np.pi, _BLOB_POINTS, endpoint=False)
+    k = np.arange(2, 5)[:, None]
+    amp = irregularity * rng.uniform(0, 1, (3, 1)) / k  # weaker at higher frequency: smooth, not jagged
+    radius = 1 + (amp * np.cos(k * t + rng.uniform(0, 2 * np.pi, (3, 1)))).sum(0)
+    return 0.5 * (radius / radius.max())[:, None] * np.stack([np.cos(t), np.sin(t)], 1)
 
 
 def _outline(shape: str) -> np.ndarray:
@@ -191,7 +252,7 @@ def _outline(shape: str) -> np.ndarray:
         return 0.5 * np.stack([np.cos(t), np.sin(t)], 1)
     if shape == "hull":
         return np.array([[0.5, 0.0], [0.25, 0.5], [-0.5, 0.5], [-0.5, -0.5], [0.25, -0.5]])
-    raise ValueError(f"unknown shape {shape!r}, expected rect, ellipse or hull")
+    raise ValueError(f"unknown shape {shape!r}, expected rect, ellipse, hull or blob")
 
 
 def _to_image(o: dict[str, Any], local: np.ndarray) -> np.ndarray:
@@ -204,7 +265,7 @@ def _to_image(o: dict[str, Any], local: np.ndarray) -> np.ndarray:
 def _label_line(o: dict[str, Any], task: str, r: dict[str, Any]) -> str:
     """Format one object as an Ultralytics label row for ``task`` (coordinates normalized to [0, 1])."""
     size = float(r["imgsz"])
-    poly = _to_image(o, _outline(o["shape"])) / size
+    poly = _to_image(o, o["outline"]) / size
     if task == "segment":
         values = poly.ravel()
     elif task == "obb":
@@ -237,16 +298,18 @@ def _link_sibling(base: Path, task: str, rel: Path, dst: Path) -> bool:
 
 
 def _background(rng: np.random.Generator, r: dict[str, Any], size: int) -> np.ndarray:
-    """Aerial-style ground: cubic-upsampled noise octaves, a linear gradient and fine grain (uint8 BGR).
+    """Ground or tissue: cubic-upsampled noise octaves, a linear gradient and fine grain (uint8, size x size x ch).
 
-    Octave cells are given per ``imgsz`` pixels, so smaller images (classify) look like crops of the same ground.
+    Channels are BGR, or one (grayscale) for a recipe with ``channels: 1``. Octave cells are given per ``imgsz``
+    pixels, so smaller images (classify) look like crops of the same ground.
     """
-    bg = r["background"]
-    img = np.zeros((size, size, 3), np.float64) + np.asarray(bg["color"], np.float64)
+    bg, ch = r["background"], int(r.get("channels", 3))
+    img = np.zeros((size, size, ch), np.float64) + np.asarray(bg["color"], np.float64)
     for cells, amp in bg["octaves"]:
         n = max(2, round(int(cells) * size / int(r["imgsz"])))
-        grid = rng.standard_normal((n, n, 1)) + float(bg["tint"]) * rng.standard_normal((n, n, 3))
-        img += float(amp) * cv2.resize(grid, (size, size), interpolation=cv2.INTER_CUBIC)
+        grid = rng.standard_normal((n, n, 1)) + float(bg["tint"]) * rng.standard_normal((n, n, ch))
+        # cv2.resize drops a single channel's axis: put it back
+        img += float(amp) * cv2.resize(grid, (size, size), interpolation=cv2.INTER_CUBIC).reshape(size, size, ch)
     theta = rng.uniform(0, 2 * np.pi)
     ramp = (np.arange(size) / size - 0.5) * float(bg["gradient"])
     img += (np.cos(theta) * ramp[None, :] + np.sin(theta) * ramp[:, None])[..., None]
@@ -263,13 +326,15 @@ def _fill(img: np.ndarray, pts: np.ndarray, color: tuple[int, ...]) -> None:
 
 
 def _draw(img: np.ndarray, o: dict[str, Any]) -> None:
-    """Draw object ``o``: its labelled outline plus an interior detail that marks its front."""
-    _fill(img, _to_image(o, _outline(o["shape"])), o["color"])
+    """Draw object ``o``: its labelled outline plus an interior detail that marks its front (a blob: a dark core)."""
+    _fill(img, _to_image(o, o["outline"]), o["color"])
     dark = tuple(int(c * 0.45) for c in o["color"])
     if o["shape"] == "rect":  # windshield / roof edge band near the front
         detail = [[0.15, -0.4], [0.3, -0.4], [0.3, 0.4], [0.15, 0.4]]
     elif o["shape"] == "hull":  # cabin
         detail = [[-0.3, -0.25], [0.0, -0.25], [0.0, 0.25], [-0.3, 0.25]]
+    elif o["shape"] == "blob":  # necrotic core: its own outline at half size, inside it as the outline is star-shaped
+        detail = 0.5 * o["outline"]
     else:  # sunlit crown toward the front
         detail = 0.5 * _outline("ellipse") + [0.15, 0.0]
         dark = tuple(min(255, int(c * 1.4)) for c in o["color"])
