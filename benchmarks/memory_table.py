@@ -19,7 +19,8 @@ import torch
 from yolo_ckpt.profiler import build_model, compare_plans
 
 PLANS = {"none": [], "[2,3]": [2, 3], "all": "all", "[2,3] selective": ([2, 3], "selective"),
-         "all selective": ("all", "selective")}
+         "all selective": ("all", "selective"), "all + head": ("all", "full", "head"),
+         "all + head selective": ("all", "selective", "head")}
 AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

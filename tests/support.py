@@ -16,6 +16,7 @@ from unittest import mock
 import numpy as np
 import torch
 import torch.distributed as dist
+import ultralytics
 import ultralytics.engine.validator
 from torch.nn.parallel import DistributedDataParallel
 from ultralytics.models import yolo
@@ -24,13 +25,29 @@ from ultralytics.utils import LOCAL_RANK, RANK
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
-from yolo_ckpt import DetectionTrainer
+from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
 # Small, bitwise-reproducible CPU training (BRIEF §3) at a size where every loss term is non-zero: the same arguments
 # for vanilla and checkpointed runs.
 # nbs=batch: an optimizer step every batch, so even a one-epoch run moves the weights (with Ultralytics' nbs=64 a short
 # run accumulates gradients without ever stepping, and equal weights would prove nothing about the gradients).
+# A small YOLO11-style detector: four stages, seconds to train or compile on CPU.
+TINY = {
+    "nc": 4,
+    "backbone": [
+        [-1, 1, "Conv", [16, 3, 2]],  # 0-P1/2
+        [-1, 1, "Conv", [32, 3, 2]],  # 1-P2/4
+        [-1, 1, "C3k2", [32, False, 0.25]],  # 2
+        [-1, 1, "Conv", [64, 3, 2]],  # 3-P3/8
+        [-1, 1, "C3k2", [64, False, 0.25]],  # 4
+        [-1, 1, "Conv", [64, 3, 2]],  # 5-P4/16
+        [-1, 1, "SPPF", [64, 5]],  # 6
+    ],
+    "head": [[[4, 6], 1, "Detect", ["nc"]]],  # 7
+}
+
+
 TRAIN_ARGS = dict(epochs=2, imgsz=320, batch=4, nbs=4, workers=0, device="cpu", seed=0, deterministic=True, plots=False)
 
 
@@ -231,3 +248,26 @@ class VanillaGloo(GlooDDP, yolo.detect.DetectionTrainer):
 
 class CkptGloo(GlooDDP, DetectionTrainer):
     """Our detection trainer in 2-process gloo DDP."""
+
+
+# ---------------------------------------------------------------------------------- training pairs
+def train_pair(model: str, stages, data: str, project: Path, mode: str = "full", layers=None, ours: dict | None = None,
+               **kw) -> tuple[Path, Path]:
+    """Train vanilla Ultralytics and yolo_ckpt with the same arguments (``ours``: more of our keys), counting layer
+    forwards; return the run dirs."""
+    args = {**TRAIN_ARGS, "data": data, "project": str(project), "save_period": 1, **kw}
+    ours = {"checkpoint_stages": stages, "checkpoint_mode": mode, "checkpoint_layers": layers, **(ours or {})}
+    dirs = []
+    for name, extra in (("vanilla", {}), ("ckpt", ours)):
+        m = ultralytics.YOLO(model)
+        add_counting(m)
+        m.train(**({"trainer": TRAINERS[m.task]} if extra else {}), name=name, **extra, **args)
+        dirs.append(Path(m.trainer.save_dir))
+    return dirs[0], dirs[1]
+
+
+def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:
+    """Bit for bit the same run, and the plan's layers were recomputed in every step (the forward counts)."""
+    recomputed = {i for r in CheckpointPlan.from_spec(model, stages, layers).regions for i in r.layers}
+    assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), recomputed)
+    assert_same_run(vanilla, ckpt)

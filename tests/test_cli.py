@@ -125,3 +125,15 @@ def test_bad_mode_rejected_before_any_work(tmp_path):
     with pytest.raises(CheckpointConfigError, match="checkpoint_mode='fast' is invalid. Valid: 'full'") as e:
         YOLO("yolo11n.yaml").train(data=str(tmp_path / "missing.yaml"), project=str(tmp_path), checkpoint_mode="fast")
     assert "\n" not in str(e.value) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["neck", "[[13,11]]", "[2]"])  # [2]: inside stage 2
+def test_bad_layers_cli_one_line_before_any_work(value, tmp_path):
+    out = run("yolo-ckpt", "train", "checkpoint_stages=[2]", f"checkpoint_layers={value}",
+              f"project={tmp_path / 'runs'}", env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("yolo-ckpt: error: checkpoint_layers=")
+    assert errors[0].endswith("Valid: 'head' (every layer after the backbone that stores activations), layer indices "
+                              "0-23, [first, last] ranges of them, or [] for none.")
+    assert list(tmp_path.iterdir()) == []

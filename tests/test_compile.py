@@ -29,22 +29,9 @@ from ultralytics.nn.tasks import DetectionModel
 from yolo_ckpt import TRAINERS, CheckpointPlan, enable_checkpointing
 from yolo_ckpt.profiler import training_batch
 
-from support import TRAIN_ARGS, assert_same_run, dump_training, results
+from support import TINY, TRAIN_ARGS, assert_same_run, dump_training, results
 
 # A small YOLO detector (yolo11 blocks, two scales): inductor compiles it in about a minute on two CPU cores.
-TINY = {
-    "nc": 4,
-    "backbone": [
-        [-1, 1, "Conv", [16, 3, 2]],  # 0-P1/2
-        [-1, 1, "Conv", [32, 3, 2]],  # 1-P2/4
-        [-1, 1, "C3k2", [32, False, 0.25]],  # 2
-        [-1, 1, "Conv", [64, 3, 2]],  # 3-P3/8
-        [-1, 1, "C3k2", [64, False, 0.25]],  # 4
-        [-1, 1, "Conv", [64, 3, 2]],  # 5-P4/16
-        [-1, 1, "SPPF", [64, 5]],  # 6
-    ],
-    "head": [[[4, 6], 1, "Detect", ["nc"]]],  # 7
-}
 
 
 def graphs_and_breaks(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:

@@ -42,7 +42,8 @@ def test_whole_backbone_meets_the_target(model):
 
 
 def test_standard_plans(model):
-    assert list(standard_plans(model)) == ["none", "[1]", "[2]", "[3]", "[4]", "[5]", "[2,3]", "all", "all selective"]
+    assert list(standard_plans(model)) == ["none", "[1]", "[2]", "[3]", "[4]", "[5]", "[2,3]", "all", "all selective",
+                                           "all + head", "all + head selective"]
 
 
 def test_profile_command_writes_results(tmp_path):

@@ -10,7 +10,14 @@ import ultralytics
 from ultralytics.nn.tasks import ClassificationModel, DetectionModel
 
 from yolo_ckpt import enable_checkpointing
-from yolo_ckpt.stages import CheckpointConfigError, CheckpointPlan, model_stages, parse_stage_spec
+from yolo_ckpt.stages import (
+    CheckpointConfigError,
+    CheckpointPlan,
+    head_layers,
+    model_stages,
+    parse_layer_spec,
+    parse_stage_spec,
+)
 
 CFG = Path(ultralytics.__file__).parent / "cfg" / "models"
 
@@ -117,3 +124,107 @@ def test_frozen_stages_are_dropped_from_the_plan():
     for name, p in model.named_parameters():  # layer 1 frozen, but layer 0 trains: a gradient flows through it
         p.requires_grad = not name.startswith("model.1.")
     assert plan.without_frozen(model) == (plan, [])
+
+
+# ------------------------------------------------------------------------------------------- checkpoint_layers
+def storing_head_layers(yaml_file: Path) -> list[int]:
+    """Reference: head layers of a model YAML other than nn.Upsample and Concat, which store nothing for backward."""
+    cfg = ultralytics.utils.YAML.load(yaml_file)
+    n = len(cfg["backbone"])
+    return [n + i for i, (_, _, module, _) in enumerate(cfg["head"]) if module not in {"nn.Upsample", "Concat"}]
+
+
+@pytest.mark.parametrize("family, name", [
+    ("11/yolo11.yaml", "yolo11n.yaml"), ("v8/yolov8.yaml", "yolov8s.yaml"), ("26/yolo26.yaml", "yolo26n.yaml"),
+    ("11/yolo11-seg.yaml", "yolo11n-seg.yaml"), ("v8/yolov8-p6.yaml", "yolov8n-p6.yaml"),
+    ("11/yolo11-cls.yaml", "yolo11n-cls.yaml"),
+])
+def test_head_regions_are_the_layers_that_store_activations(family, name):
+    yaml_file = CFG / family
+    built = ultralytics.YOLO(name).model
+    plan = CheckpointPlan.from_spec(built, [], "head")
+    assert [r.layers for r in plan.regions] == [(i,) for i in storing_head_layers(yaml_file)]
+    assert CheckpointPlan.from_spec(built, "all", "head").regions == (
+        *CheckpointPlan.from_spec(built, "all").regions, *plan.regions)  # with all stages: the whole network
+    built.half().requires_grad_(False)  # as a loaded .pt: what a layer stores in training does not change
+    assert CheckpointPlan.from_spec(built, [], "head") == plan and not next(built.parameters()).requires_grad
+
+
+def test_head_regions_hold_no_tensor_only_for_the_recompute():
+    """Every input of a head region is a tensor the plain model's backward keeps anyway."""
+    model = DetectionModel("yolo11n.yaml", verbose=False).train()
+    stored, outputs = set(), {}
+
+    def pack(t):
+        stored.add(t.untyped_storage().data_ptr())
+        return t
+
+    hooks = [m.register_forward_hook(lambda m, i, o: outputs.__setitem__(m.i, o)) for m in model.model]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.zeros(1, 3, 128, 128))
+    for h in hooks:
+        h.remove()
+    for i in head_layers(model.model, model.yaml, first=11):
+        m = model.model[i]
+        for j in [m.f] if isinstance(m.f, int) else m.f:
+            assert outputs[i + j if j < 0 else j].untyped_storage().data_ptr() in stored, (i, j)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (None, []), ([], []), ("head", None), (" HEAD ", None), (12, [(12, 12)]),
+    ([22, [13, 15], 16], [(13, 15), (16, 16), (22, 22)]), ((0, (1, 1)), [(0, 0), (1, 1)]),
+])
+def test_parse_valid_layer_specs(spec, expected):
+    assert parse_layer_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["neck", "all", -1, 1.0, True, [[3, 2]], [[1, 2, 3]], [[1, 3], 2], [4, 4], {"a": 1}])
+def test_invalid_layer_specs_name_what_is_valid(spec):
+    with pytest.raises(CheckpointConfigError, match=r"Valid: 'head' .* layer indices 0-23, \[first, last\] ranges"):
+        CheckpointPlan.from_spec("yolo11n.yaml", [], spec)
+
+
+def test_layers_beyond_the_model_or_inside_checkpointed_stages_are_rejected():
+    with pytest.raises(CheckpointConfigError, match="has no layer 24. Valid: .*0-23"):
+        CheckpointPlan.from_spec("yolo11n.yaml", [], [24])
+    with pytest.raises(CheckpointConfigError, match=r"layer 4 is already in checkpoint_stages=\[3\] \(stage 3\)"):
+        CheckpointPlan.from_spec("yolo11n.yaml", [3], [[4, 6]])
+
+
+def test_layer_regions_read_earlier_layers_like_ultralytics():
+    """Regions whose layers read outside tensors by absolute and relative (-3) index: gradients and BatchNorm
+    statistics as the plain model's, and the layers ran twice."""
+    cfg = {"nc": 2, "backbone": [[-1, 1, "Conv", [8, 3, 2]],  # 0-P1/2
+                                 [-1, 1, "Conv", [16, 3, 2]],  # 1-P2/4
+                                 [-1, 1, "Conv", [16, 3, 1]]],  # 2
+           "head": [[-1, 1, "Conv", [16, 3, 1]],  # 3
+                    [[-1, -3], 1, "Concat", [1]],  # 4: layers 3 and 1 (outside the region)
+                    [-1, 1, "Conv", [16, 1, 1]],  # 5
+                    [[-1, 3], 1, "Concat", [1]],  # 6: layers 5 and 3 (inside)
+                    [-1, 1, "Conv", [16, 1, 1]],  # 7
+                    [[-1, 2], 1, "Concat", [1]],  # 8
+                    [-1, 1, "Classify", ["nc"]]]}  # 9
+    model = ClassificationModel(cfg, verbose=False).train()
+    plan = CheckpointPlan.from_spec(model, [], [[3, 7], 9])
+    plain = deepcopy(model)
+    enable_checkpointing(model, plan)
+    counts = [0] * len(model.model)
+    for m in model.model:
+        m.register_forward_pre_hook(lambda m, a: counts.__setitem__(m.i, counts[m.i] + 1))
+    x = torch.rand(2, 3, 32, 32)
+    for m in (plain, model):
+        m(x).sum().backward()
+    assert counts == [1, 1, 1, 2, 2, 2, 2, 2, 1, 2]
+    for (k, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), k
+    for (k, a), b in zip(plain.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), k
+
+
+def test_frozen_layer_regions_are_dropped():
+    model = DetectionModel("yolo11n.yaml", verbose=False)
+    plan = CheckpointPlan.from_spec(model, [3, 4], [[0, 2], 13])
+    for name, p in model.named_parameters():  # freeze=3
+        p.requires_grad = not name.startswith(("model.0.", "model.1.", "model.2."))
+    kept, dropped = plan.without_frozen(model)
+    assert dropped == ["layer 0", "layer 1", "layer 2"] and kept.describe() == "stages [3, 4] + layers [13]"

@@ -11,16 +11,17 @@ import pytest
 import ultralytics
 from ultralytics.utils.patches import torch_load
 
-from yolo_ckpt import TRAINERS, YOLO, CheckpointPlan, checkpoint_plan
+from yolo_ckpt import YOLO, CheckpointPlan, checkpoint_plan
 from yolo_ckpt.trainer import CKPT_CFG_DICT, saved_settings
 
 from support import (
     TRAIN_ARGS,
-    add_counting,
     assert_recomputed,
     assert_same_run,
+    assert_same_training,
     forward_counts,
     results,
+    train_pair,
 )
 
 BLOCKED = """
@@ -30,32 +31,18 @@ sys.modules["yolo_ckpt"] = None  # any pickled reference to our package, or any 
 SAFE = {**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
 
 
-def train_pair(model: str, stages, data: str, project: Path, mode: str = "full", **kw) -> tuple[Path, Path]:
-    """Train vanilla Ultralytics and yolo_ckpt with the same arguments, counting layer forwards; return the run dirs."""
-    args = {**TRAIN_ARGS, "data": data, "project": str(project), "save_period": 1, **kw}
-    dirs = []
-    for name, extra in (("vanilla", {}), ("ckpt", {"checkpoint_stages": stages, "checkpoint_mode": mode})):
-        m = ultralytics.YOLO(model)
-        add_counting(m)
-        m.train(**({"trainer": TRAINERS[m.task]} if extra else {}), name=name, **extra, **args)
-        dirs.append(Path(m.trainer.save_dir))
-    return dirs[0], dirs[1]
+def test_yolo11n_whole_network_bitwise_equal_to_vanilla(detect_data, tmp_path):
+    """All stages and the head: every layer that stores activations is recomputed (Upsample/Concat store none)."""
+    assert len(CheckpointPlan.from_spec("yolo11n.yaml", "all", "head").layer_regions) == 7
+    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, layers="head")
+    assert_same_training("yolo11n.yaml", "all", *pair, layers="head")
 
 
-def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path) -> None:
-    """Bit for bit the same run, and the plan's layers were recomputed in every step (the forward counts)."""
-    layers = {i for r in CheckpointPlan.from_spec(model, stages).regions for i in r.layers}
-    assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), layers)
-    assert_same_run(vanilla, ckpt)
-
-
-def test_yolo11n_all_stages_bitwise_equal_to_vanilla(detect_data, tmp_path):
-    assert_same_training("yolo11n.yaml", "all", *train_pair("yolo11n.yaml", "all", detect_data, tmp_path))
-
-
-def test_yolov8n_stages_2_3_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
-    pair = train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path, mode="selective")
-    assert_same_training("yolov8n.yaml", [2, 3], *pair)
+def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
+    """Ranges whose layers read tensors from before the region (Concat of layer 6, of layer 12) and from inside it."""
+    layers = [[10, 12], [16, 18], 22]
+    pair = train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path, mode="selective", layers=layers)
+    assert_same_training("yolov8n.yaml", [2, 3], *pair, layers=layers)
 
 
 @pytest.mark.parametrize("task, model", [("segment", "yolo11n-seg.yaml"), ("pose", "yolo26n-pose.yaml"),

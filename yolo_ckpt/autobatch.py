@@ -60,6 +60,13 @@ def state_bytes(model: nn.Module) -> int:
     return 2 * weights + 2 * params
 
 
+def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = 50, amp: torch.dtype | None = None) -> int:
+    """Memory of a training step as planning counts it: model state, the batch on the device, the exact step peak."""
+    data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
+    inputs = sum(t.untyped_storage().nbytes() for t in data.values())
+    return state_bytes(model) + inputs + measure_peak(model, data, amp)[0]
+
+
 @dataclass
 class BatchPlan:
     """A batch chosen for a memory target.
@@ -94,9 +101,7 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
     static, target = state_bytes(model), int(fraction * budget)
 
     def measured(b: int) -> int:
-        batch = training_batch(model, imgsz, b, objects)  # on the device for the whole step, as the trainer's batch
-        inputs = sum(t.untyped_storage().nbytes() for t in batch.values())
-        return static + inputs + measure_peak(model, batch, amp)[0]
+        return step_bytes(model, imgsz, b, objects, amp)
 
     def bound(b: int) -> int:  # the largest batch that fits if the step per image is at most that measured at b
         return min(int((target - static) * b // (points[b] - static)), max_batch)

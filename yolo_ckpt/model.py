@@ -24,7 +24,9 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,42 +35,76 @@ from .recompute import MODES, checkpoint_region
 from .stages import CheckpointPlan, Region
 
 
-def _run_layers(layers: list[nn.Module], keep: tuple[bool, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Run consecutive layers; return the outputs of those but the last flagged in ``keep``, then the last output."""
+@dataclass(frozen=True)
+class _Wiring:
+    """How a region connects to the layers around it.
+
+    Attributes:
+        region (Region): The region.
+        outside (tuple[int, ...]): Earlier layers, outside the region, whose outputs layers after its first read.
+        wanted (tuple[bool, ...]): Per region layer but the last: is its output read after the region?
+        inner (frozenset[int]): Region layers whose outputs later region layers read by index (kept while it runs).
+    """
+
+    region: Region
+    outside: tuple[int, ...]
+    wanted: tuple[bool, ...]
+    inner: frozenset[int]
+
+    @classmethod
+    def of(cls, layers: nn.Sequential, region: Region) -> _Wiring:
+        first, last = region.layers[0], region.layers[-1]
+        reads = {i: [m.i + j if j < 0 else j for j in ([m.f] if isinstance(m.f, int) else m.f)] for m in layers
+                 for i in [m.i]}
+        outside = sorted({j for i in region.layers[1:] for j in reads[i] if j < first})
+        later = {j for i in range(last + 1, len(layers)) for j in reads[i]}
+        inner = frozenset(j for i in region.layers[1:] for j in reads[i] if first <= j < i - 1 or
+                          (j == i - 1 and layers[i].f != -1))
+        return cls(region, tuple(outside), tuple(i in later for i in region.layers[:-1]), inner)
+
+
+def _run_region(layers: list[nn.Module], wiring: _Wiring, x: Any, *outside: torch.Tensor) -> tuple[Any, ...]:
+    """Run a region's layers as Ultralytics' loop would; return the outputs read after it, then the last output."""
+    y = dict(zip(wiring.outside, outside))
     kept = []
-    for m, k in zip(layers, (*keep, False)):
+    for n, m in enumerate(layers):
+        if n and m.f != -1:  # Ultralytics indexes its output list, where -2 is two layers back
+            at = lambda j, i=m.i: y[i + j if j < 0 else j]  # noqa: E731
+            x = at(m.f) if isinstance(m.f, int) else [x if j == -1 else at(j) for j in m.f]
         x = m(x)
-        if k:
+        if m.i in wiring.inner:
+            y[m.i] = x
+        if n < len(wiring.wanted) and wiring.wanted[n]:
             kept.append(x)
     return (*kept, x)
 
 
-def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, x, profile=False, embed=None):
+def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dict[int, _Wiring], x, profile=False,
+                  embed=None):
     """``BaseModel._predict_once`` with each plan region recomputed in backward (same signature, same result)."""
     if profile or embed or not (model.training and torch.is_grad_enabled()):
         return type(model)._predict_once(model, x, profile, embed)
-    starts = {r.layers[0]: r for r in plan.regions}
     y, i, layers = [], 0, model.model
     while i < len(layers):
         m = layers[i]
         if m.f != -1:  # as Ultralytics: input from earlier layers
             x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
-        region: Region | None = starts.get(i)
-        if region is None:
+        w: _Wiring | None = wiring.get(i)
+        if w is None:
             x = m(x)
             y.append(x if m.i in model.save else None)
             i += 1
             continue
-        members = [layers[j] for j in region.layers]
-        keep = tuple(j in model.save for j in region.layers[:-1])
-        outs = checkpoint_region(partial(_run_layers, members, keep), x, modules=members, mode=mode)
+        members = [layers[j] for j in w.region.layers]
+        outs = checkpoint_region(partial(_run_region, members, w), x, *(y[j] for j in w.outside), modules=members,
+                                 mode=mode)
         n = 0  # indexing, not iter()/next(): the loop stays traceable by torch.compile (one graph, no breaks)
-        for k in keep:
+        for k in w.wanted:
             y.append(outs[n] if k else None)
             n += k
         x = outs[-1]
-        y.append(x if region.layers[-1] in model.save else None)
-        i = region.layers[-1] + 1
+        y.append(x if w.region.layers[-1] in model.save else None)
+        i = w.region.layers[-1] + 1
     return x
 
 
@@ -77,14 +113,15 @@ def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "fu
 
     Args:
         model: An Ultralytics ``BaseModel`` (detect, segment, pose, obb or classify).
-        plan: Regions of consecutive layers, each reading only the previous layer after its first.
+        plan: Regions of consecutive layers; layers after a region's first may also read earlier layers' outputs.
         mode: How each region is recomputed, one of ``yolo_ckpt.recompute.MODES``.
     """
     if mode not in MODES:
         raise ValueError(f"checkpoint mode {mode!r} is not one of {MODES}")
     disable_checkpointing(model)
     if plan.regions:
-        model._predict_once = partial(_predict_once, model, plan, mode)
+        wiring = {r.layers[0]: _Wiring.of(model.model, r) for r in plan.regions}
+        model._predict_once = partial(_predict_once, model, plan, mode, wiring)
 
 
 def disable_checkpointing(model: nn.Module) -> None:

@@ -142,10 +142,11 @@ def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dty
     return Step(peak, counter.get_total_flops(), seconds, saved, cuda_peak)
 
 
-def with_plan(model: nn.Module, spec: Any, mode: str = "full") -> nn.Module:
-    """A copy of ``model`` with ``checkpoint_stages=spec`` (and ``checkpoint_mode=mode``) installed."""
+def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None) -> nn.Module:
+    """A copy of ``model`` with ``checkpoint_stages=spec``, ``checkpoint_mode=mode`` and ``checkpoint_layers=layers``
+    installed."""
     m = copy.deepcopy(model)
-    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec), mode)
+    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec, layers), mode)
     return m
 
 
@@ -171,7 +172,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
                   progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
     """Measure each plan's training step side by side; ratios are to the first plan (vanilla).
 
-    A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode)`` pair.
+    A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode[, checkpoint_layers])``
+    tuple.
 
     Memory and FLOPs are exact per plan; step times are medians of ``repeats`` interleaved rounds (``time_steps``);
     ``amp`` is the forward's autocast dtype (``None``: full precision).
@@ -193,6 +195,7 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
         rows.append({
             "plan": name,
             "stages": CheckpointPlan.from_spec(model, plans[name][0]).stages,
+            "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:]).layer_regions,
             "mode": plans[name][1],
             "peak_MiB": round(step.peak_bytes / 2**20, 1),
             "GFLOPs": round(step.flops / 1e9, 2),
@@ -268,13 +271,16 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
 
 
 def standard_plans(model: nn.Module) -> dict[str, Any]:
-    """The plans the profiler compares: none, each single stage, [2,3] and all, then all recomputed selectively."""
+    """The plans the profiler compares: none, each single stage, [2,3] and all, all recomputed selectively, and the
+    whole network (all stages and ``checkpoint_layers=head``), full and selective."""
     stages = sorted(model_stages(model))
     plans = {"none": [], **{f"[{k}]": [k] for k in stages}}
     if {2, 3} <= set(stages):
         plans["[2,3]"] = [2, 3]
     plans["all"] = "all"
     plans["all selective"] = ("all", "selective")
+    plans["all + head"] = ("all", "full", "head")
+    plans["all + head selective"] = ("all", "selective", "head")
     return plans
 
 

@@ -67,9 +67,21 @@ class CheckpointPlan:
         """Checkpointed stage numbers in ascending order."""
         return [k for r in self.regions for k in r.stages]
 
+    @property
+    def layer_regions(self) -> list[list[int]]:
+        """Regions from ``checkpoint_layers`` (not backbone stages), as layer index lists."""
+        return [list(r.layers) for r in self.regions if not r.stages]
+
+    def describe(self, mode: str = "full") -> str:
+        """One line for logs: ``stages [2, 3] + layers [13] [16] selective``; ``none`` when off."""
+        parts = [f"stages {self.stages}"] if self.stages else []
+        if layers := self.layer_regions:
+            parts.append("layers " + " ".join(f"[{r[0]}]" if len(r) == 1 else f"[{r[0]}-{r[-1]}]" for r in layers))
+        return " + ".join(parts or ["none"]) + (" selective" if mode == "selective" and parts else "")
+
     @classmethod
-    def from_spec(cls, model: Any, spec: Any) -> CheckpointPlan:
-        """Resolve a ``checkpoint_stages`` value against a model.
+    def from_spec(cls, model: Any, spec: Any, layers: Any = None) -> CheckpointPlan:
+        """Resolve ``checkpoint_stages`` (and ``checkpoint_layers``) values against a model.
 
         Consecutive requested stages share one region when the tensor between them is read by nothing but the next
         layer, and that layer (the next stage's first) reads nothing else: a region boundary there would keep that
@@ -77,15 +89,20 @@ class CheckpointPlan:
         peak). Where a later layer reads it anyway (P3, P4 feed the neck), or the next stage takes other inputs,
         regions stay separate, so no recompute holds more than one stage's activations beyond that.
 
+        Layer regions (``checkpoint_layers``, see ``layer_regions``) are added as given; they must not overlap the
+        stages.
+
         Args:
             model: A built Ultralytics model, or anything ``model_stages`` accepts (YAML path, dict).
             spec: ``None``/``[]`` (off), ``"all"``, a stage number, or a list/tuple of stage numbers.
+            layers: A ``checkpoint_layers`` value: ``None``/``[]`` (none), ``"head"``, or layer indices and
+                ``[first, last]`` ranges.
 
         Returns:
-            (CheckpointPlan): One region per requested stage.
+            (CheckpointPlan): One region per requested stage (or merged run of stages) and per layer region.
 
         Raises:
-            CheckpointConfigError: For any value that is not a set of this model's stages.
+            CheckpointConfigError: For any value that is not a set of this model's stages or layers.
         """
         try:
             requested = parse_stage_spec(spec)
@@ -95,9 +112,14 @@ class CheckpointPlan:
             except CheckpointConfigError:
                 raise e from None
             raise CheckpointConfigError(f"{e.reason} {_valid_hint(stages)}") from None
-        if requested == []:
+        try:
+            ranges = parse_layer_spec(layers)
+        except CheckpointConfigError as e:  # name this model's layers
+            raise CheckpointConfigError(e.reason, _layers_hint(model)) from None
+        if requested == [] and ranges == []:
             return cls()
         stages, read_later, chained = _analyse(model)
+        extra = _layer_regions(model, ranges, layers, stages) if ranges != [] else []
         if requested is None:  # "all"
             requested = sorted(stages)
         if bad := [k for k in requested if k not in stages]:
@@ -112,7 +134,13 @@ class CheckpointPlan:
                 regions[-1] = Region((*last.stages, k), (*last.layers, *stages[k]))
             else:
                 regions.append(Region((k,), stages[k]))
-        return cls(tuple(regions))
+        taken = {i: r for r in regions for i in r.layers}
+        if clash := next((i for r in extra for i in r.layers if i in taken), None):
+            raise CheckpointConfigError(
+                f"checkpoint_layers={_show(layers)}: layer {clash} is already in checkpoint_stages={_show(spec)} "
+                f"(stage {taken[clash].stages[0]}).", _layers_hint(model)
+            )
+        return cls(tuple(sorted((*regions, *extra), key=lambda r: r.layers[0])))
 
     def without_frozen(self, model: nn.Module) -> tuple[CheckpointPlan, list[int]]:
         """This plan minus the stages that store nothing for backward: all parameters frozen, no gradient coming in.
@@ -128,9 +156,14 @@ class CheckpointPlan:
         needs_grad = _outputs_needing_grad(model.model)
         stages = model_stages(model)
         dropped = [k for k in self.stages if not needs_grad[stages[k][-1]]]
-        if not dropped:
+        extra = [r for r in self.regions if not r.stages]
+        kept_extra = [r for r in extra if needs_grad[r.layers[-1]]]
+        dropped_layers = [i for r in extra if r not in kept_extra for i in r.layers]
+        if not dropped and not dropped_layers:
             return self, []
-        return CheckpointPlan.from_spec(model, [k for k in self.stages if k not in dropped]), dropped
+        staged = CheckpointPlan.from_spec(model, [k for k in self.stages if k not in dropped]).regions
+        plan = CheckpointPlan(tuple(sorted((*staged, *kept_extra), key=lambda r: r.layers[0])))
+        return plan, [*dropped, *(f"layer {i}" for i in dropped_layers)]
 
 
 def _outputs_needing_grad(layers: nn.Sequential) -> list[bool]:
@@ -150,7 +183,8 @@ def _show(spec: Any) -> str:
 
 def _valid_hint(stages: dict[int, tuple[int, ...]] | None = None) -> str:
     valid = ", ".join(str(k) for k in sorted(stages)) if stages else "the model's backbone stages"
-    return f"Valid: a list of distinct stage numbers from {{{valid}}}, a single stage, 'all', or [] for off."
+    return (f"Valid: a list of distinct stage numbers from {{{valid}}}, a single stage, 'all', 'auto' (with "
+            f"memory_budget or CUDA), or [] for off.")
 
 
 def _model_name(model: Any) -> str:
@@ -203,9 +237,8 @@ def model_stages(model: Any) -> dict[int, tuple[int, ...]]:
     return _analyse(model)[0]
 
 
-def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int], set[int]]:
-    """Stages; the layers whose outputs later layers read by index (Ultralytics' ``model.save``); and the layers
-    that read only the previous layer, so a region may run through them without a second input."""
+def _built(model: Any) -> tuple[nn.Sequential, list[int], dict | None, str]:
+    """Layers, ``save`` list, YAML dict and name of a built model, a ``.pt`` file, a YAML path/name or dict."""
     if isinstance(model, (str, Path)) and Path(model).suffix == ".pt":
         from ultralytics.nn.tasks import load_checkpoint
 
@@ -215,11 +248,128 @@ def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int], set[int]
 
         cfg = yaml_model_load(model) if not isinstance(model, dict) else model
         layers, save = parse_model(deepcopy(cfg), ch=cfg.get("channels", 3), verbose=False)
-        name = _model_name(cfg)
-    else:
-        layers, save, cfg, name = model.model, model.save, getattr(model, "yaml", None), _model_name(model)
+        return layers, save, cfg, _model_name(cfg)
+    return model.model, model.save, getattr(model, "yaml", None), _model_name(model)
+
+
+def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int], set[int]]:
+    """Stages; the layers whose outputs later layers read by index (Ultralytics' ``model.save``); and the layers
+    that read only the previous layer, so a region may run through them without a second input."""
+    layers, save, cfg, name = _built(model)
     chained = {m.i for m in layers if m.f == -1}
     return backbone_stages(layers, cfg, name=name), set(save), chained
+
+
+def _inputs(m: nn.Module) -> list[int]:
+    """Indices of the layers ``m`` reads (``-1`` resolved; the image, for layer 0, is index -1)."""
+    return [m.i + j if j < 0 else j for j in ([m.f] if isinstance(m.f, int) else m.f)]
+
+
+def parse_layer_spec(spec: Any) -> list[tuple[int, int]] | None:
+    """Check the form of a ``checkpoint_layers`` value without a model.
+
+    Returns:
+        (list[tuple[int, int]] | None): ``(first, last)`` ranges in order, ``[]`` for none, ``None`` for ``"head"``.
+
+    Raises:
+        CheckpointConfigError: For anything but ``head``, layer indices and ``[first, last]`` ranges that do not
+            overlap.
+
+    Examples:
+        >>> parse_layer_spec([22, [13, 15], 16]), parse_layer_spec("head"), parse_layer_spec(None)
+        ([(13, 15), (16, 16), (22, 22)], None, [])
+    """
+    if spec is None:
+        return []
+    if isinstance(spec, str) and spec.strip().lower() == "head":
+        return None
+    ranges = []
+    for item in list(spec) if isinstance(spec, (list, tuple)) else [spec]:
+        pair = list(item) if isinstance(item, (list, tuple)) else [item, item]
+        if len(pair) != 2 or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in pair):
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {item!r} is not a layer index or "
+                                        f"[first, last] range.", _layers_hint())
+        if pair[0] > pair[1]:
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: range {item!r} ends before it starts.",
+                                        _layers_hint())
+        ranges.append((pair[0], pair[1]))
+    ranges.sort()
+    if any(b[0] <= a[1] for a, b in zip(ranges, ranges[1:])):
+        raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: regions overlap.", _layers_hint())
+    return ranges
+
+
+def _layers_hint(model: Any = None) -> str:
+    n = None
+    if model is not None:
+        try:
+            n = len(_built(model)[0])
+        except Exception:  # the hint must not fail where the model cannot be built
+            n = None
+    valid = f"layer indices 0-{n - 1}" if n else "layer indices (the first column of the model summary)"
+    return (f"Valid: 'head' (every layer after the backbone that stores activations), {valid}, "
+            f"[first, last] ranges of them, or [] for none.")
+
+
+def _layer_regions(model: Any, ranges: list[tuple[int, int]] | None, spec: Any,
+                   stages: dict[int, tuple[int, ...]]) -> list[Region]:
+    """Regions of ``checkpoint_layers``: the given ranges, or for ``head`` one per storing layer (``head_layers``)."""
+    layers, _, cfg, name = _built(model)
+    if ranges is None:
+        return [Region((), (i,)) for i in head_layers(layers, cfg, first=max(stages[max(stages)]) + 1)]
+    if bad := next((i for r in ranges for i in r if i >= len(layers)), None):
+        raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {name} has no layer {bad}.",
+                                    _layers_hint(model))
+    return [Region((), tuple(range(a, b + 1))) for a, b in ranges]
+
+
+def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int]:
+    """The layers from ``first`` on worth a region of their own: those that store tensors for backward, reading only
+    tensors that stay stored anyway.
+
+    A layer that stores nothing (``Upsample``, ``Concat``) gains nothing from a recompute, and a region holds its
+    inputs until backward, so a region is only cut where each input is a tensor the plain model's backward keeps too
+    (a convolution's input): no tensor is kept alive only for a recompute. Decided from one training-mode forward of
+    the plain layers on a zero image, every parameter trainable, with ``saved_tensors_hooks`` recording what each layer
+    stores (buffers, modes and ``requires_grad`` restored; frozen layers are ``CheckpointPlan.without_frozen``'s job).
+    """
+    from .recompute import restored_buffers
+
+    param = next(layers.parameters(), None)
+    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
+    x = torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
+    stored: set[int] = set()  # storages any op keeps for backward
+    packed: list[bool] = []  # per layer: does it keep anything?
+    outputs: list[Any] = []
+    modes = [m.training for m in layers.modules()]
+    grads = [p.requires_grad for p in layers.parameters()]  # as in training, whatever was loaded or frozen
+    layers.train().requires_grad_(True)
+    try:
+        with restored_buffers(layers), torch.enable_grad():
+            for m in layers:
+                if m.f != -1:
+                    x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
+                before = len(stored)
+
+                def pack(t: torch.Tensor) -> torch.Tensor:
+                    stored.add(t.untyped_storage().data_ptr())
+                    return t
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    x = m(x)
+                packed.append(len(stored) > before)
+                outputs.append(x)
+    finally:
+        for mod, mode in zip(layers.modules(), modes):
+            mod.training = mode
+        for p, g in zip(layers.parameters(), grads):
+            p.requires_grad_(g)
+
+    def kept(j: int) -> bool:
+        out = outputs[j]
+        return isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() in stored
+
+    return [m.i for m in list(layers)[first:] if packed[m.i] and all(kept(j) for j in _inputs(m))]
 
 
 def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model") -> dict[int, tuple[int, ...]]:

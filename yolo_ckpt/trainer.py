@@ -28,7 +28,7 @@ from torch import nn
 from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
-from ultralytics.utils import LOGGER, YAML, IterableSimpleNamespace, colorstr
+from ultralytics.utils import LOGGER, RANK, YAML, IterableSimpleNamespace, colorstr
 from ultralytics.utils.patches import override_configs, torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
@@ -50,7 +50,8 @@ def check_settings(model: Any, args: dict) -> None:
 
     Args:
         model: The model argument (YAML, ``.pt`` or built model) that ``checkpoint_stages`` refers to, or ``None``.
-        args: Training arguments holding ``checkpoint_stages`` and ``memory_budget``.
+        args: Training arguments holding ``checkpoint_stages``, ``checkpoint_layers``, ``checkpoint_mode`` and
+            ``memory_budget``.
 
     Raises:
         CheckpointConfigError: For invalid stages of this model, an unknown mode or an unreadable memory budget.
@@ -60,11 +61,23 @@ def check_settings(model: Any, args: dict) -> None:
             parse_memory(args["memory_budget"])
         except ValueError as e:
             raise CheckpointConfigError(str(e)) from None
+    if is_auto(args.get("checkpoint_stages")):
+        if args.get("checkpoint_layers"):
+            raise CheckpointConfigError(f"checkpoint_layers={args['checkpoint_layers']!r}: checkpoint_stages=auto "
+                                        f"chooses the layers and the mode itself. Valid: [] or nothing with auto.")
+        if args.get("memory_budget") is None and not torch.cuda.is_available():
+            raise CheckpointConfigError("checkpoint_stages=auto needs a memory target: memory_budget=24GB (any device) "
+                                        "or a CUDA device (its memory).")
     if (mode := args.get("checkpoint_mode") or "full") not in MODES:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
                                     f"'selective' (keep convolution outputs, recompute the rest).")
-    if model is not None:
-        CheckpointPlan.from_spec(model, args.get("checkpoint_stages"))
+    if model is not None and not is_auto(args.get("checkpoint_stages")):
+        CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
+
+
+def is_auto(stages: Any) -> bool:
+    """Whether ``checkpoint_stages`` asks for the plan to be chosen (``auto``)."""
+    return isinstance(stages, str) and stages.strip().lower() == "auto"
 
 
 def saved_settings(ckpt: dict) -> dict[str, Any]:
@@ -79,6 +92,15 @@ def saved_settings(ckpt: dict) -> dict[str, Any]:
     return {k: args[k] for k in CKPT_CFG_DICT if k in args}
 
 
+def choose_auto_plan(trainer: Any) -> None:
+    """Resolve ``checkpoint_stages=auto`` for a fixed batch at ``on_pretrain_routine_end``: the model is on its device,
+    frozen and batched by then (AutoBatch resolves it earlier, in ``auto_batch``)."""
+    if is_auto(trainer.args.checkpoint_stages):
+        labels = getattr(getattr(trainer.train_loader, "dataset", None), "labels", None) or []
+        counts = [len(x["cls"]) for x in labels if isinstance(x, dict) and "cls" in x]
+        trainer._auto_plan(max(max(counts, default=0) * 4, 1))  # x4: mosaic, as Ultralytics' AutoBatch counts
+
+
 def skip_frozen_stages(trainer: Any) -> None:
     """Stop checkpointing stages that store nothing for backward once Ultralytics has frozen layers (``freeze=``).
 
@@ -91,8 +113,9 @@ def skip_frozen_stages(trainer: Any) -> None:
         return
     kept, dropped = plan.without_frozen(model)
     if dropped:
-        LOGGER.warning(f"{PREFIX} stages {dropped} not recomputed: all their parameters are frozen and no gradient "
-                       f"flows into them, so they store nothing for backward; checkpointing {kept.stages or 'nothing'}")
+        LOGGER.warning(f"{PREFIX} {', '.join(map(str, dropped))} not recomputed: all their parameters are frozen and "
+                       f"no gradient flows into them, so they store nothing for backward; checkpointing "
+                       f"{kept.describe()}")
         enable_checkpointing(model, kept, checkpoint_mode(model))
 
 
@@ -117,7 +140,9 @@ class CheckpointMixin:
         self.epoch_memory: dict[str, float] = {}
         self.memory_meter: EpochPeak | None = None
         self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
-        for event, fn in {**CALLBACKS, "on_pretrain_routine_end": skip_frozen_stages}.items():
+        ours = [*CALLBACKS.items(), ("on_pretrain_routine_end", choose_auto_plan),
+                ("on_pretrain_routine_end", skip_frozen_stages)]
+        for event, fn in ours:
             if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
                 self.add_callback(event, fn)
 
@@ -134,7 +159,10 @@ class CheckpointMixin:
     def get_model(self, cfg=None, weights=None, verbose: bool = True):
         """Build the Ultralytics model and install the checkpoint plan on it."""
         model = super().get_model(cfg=cfg, weights=weights, verbose=verbose)
-        plan = CheckpointPlan.from_spec(model, self.args.checkpoint_stages)
+        if is_auto(self.args.checkpoint_stages):
+            LOGGER.info(f"{PREFIX} auto: the plan is chosen once the device, batch and frozen layers are known")
+            return model
+        plan = CheckpointPlan.from_spec(model, self.args.checkpoint_stages, self.args.checkpoint_layers)
         mode = self.args.checkpoint_mode or "full"
         enable_checkpointing(model, plan, mode)
         if not plan.regions:
@@ -146,6 +174,9 @@ class CheckpointMixin:
             for k in region.stages:
                 types = ", ".join(type(model.model[i]).__name__ for i in stages[k])
                 LOGGER.info(f"{PREFIX} stage {k} (P{k}/{2**k}) layers {list(stages[k])}: {types}{shared}{how}")
+            if not region.stages:
+                types = ", ".join(type(model.model[i]).__name__ for i in region.layers)
+                LOGGER.info(f"{PREFIX} layers {list(region.layers)}: {types}{how}")
         return model
 
     def train(self):
@@ -217,9 +248,11 @@ class CheckpointMixin:
         if self.args.memory_budget is None and self.device.type != "cuda":  # Ultralytics' default batch off CUDA
             LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
             return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
+        if is_auto(self.args.checkpoint_stages):
+            return self._auto_plan(max(max_num_obj, 1), autobatch=True)
         model = self.model
-        stages = (checkpoint_plan(unwrap_model(model)) or CheckpointPlan()).stages
-        stages = f"{stages} selective" if checkpoint_mode(unwrap_model(model)) == "selective" else stages
+        plain = unwrap_model(model)
+        stages = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
         if self.args.memory_budget is not None:
             return self._plan_for_budget(unwrap_model(model), stages, max_num_obj, dataset_size)
         try:
@@ -229,7 +262,7 @@ class CheckpointMixin:
             self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         finally:
             self.model = model
-        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with stages {stages} ({self.autobatch_without} without)")
+        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with {stages} ({self.autobatch_without} without)")
         return batch
 
     def _plan_for_budget(self, model: nn.Module, stages: Any, max_num_obj: int, dataset_size: int) -> int:
@@ -249,7 +282,7 @@ class CheckpointMixin:
         try:
             chosen = plan_batch(copy, **kw)
         except ValueError as e:
-            raise CheckpointConfigError(f"{e} with stages {stages}; raise memory_budget or lower imgsz") from None
+            raise CheckpointConfigError(f"{e} with {stages}; raise memory_budget or lower imgsz") from None
         finally:
             disable_checkpointing(copy)  # the installed plan refers back to its model: free the copy now, not at gc
             del copy
@@ -259,10 +292,45 @@ class CheckpointMixin:
             without = "none fits"
         batch = min(chosen.batch, dataset_size or chosen.batch)
         cap = f", capped to the {dataset_size} training images" if batch < chosen.batch else ""
-        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} with stages {stages} ({without} without){cap}; "
+        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} with {stages} ({without} without){cap}; "
                     f"measured {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB")
         self.autobatch_without = without
         return batch
+
+    def _auto_plan(self, objects: int, autobatch: bool = False) -> int:
+        """Resolve ``checkpoint_stages=auto`` on copies of the model: choose, record in ``args`` (and args.yaml),
+        install. With AutoBatch the batch is chosen too; returns the batch."""
+        from .planner import choose_plan, choose_plan_and_batch
+
+        model = unwrap_model(self.model)
+        if self.args.memory_budget is not None:
+            budget, source = parse_memory(self.args.memory_budget), f"memory_budget={self.args.memory_budget}"
+        else:
+            budget, source = torch.cuda.get_device_properties(self.device).total_memory, f"{self.device} memory"
+        fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
+        imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None
+        batch = None if autobatch else max(self.batch_size // max(self.world_size, 1), 1)
+        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least recompute that fits {fraction:.0%} of {source} "
+                    f"at imgsz={imgsz}, {'the largest batch' if autobatch else f'batch {batch}'}...")
+        try:
+            if autobatch:
+                choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp)
+            else:
+                choice = choose_plan(model, imgsz, batch, int(fraction * budget), objects, amp)
+        except ValueError as e:
+            raise CheckpointConfigError(f"{e}; raise memory_budget, lower batch or imgsz") from None
+        for k, v in choice.candidate.settings.items():
+            setattr(self.args, k, v)
+        if RANK in {-1, 0}:  # args.yaml holds the chosen plan, as last.pt does: resume restores it
+            YAML.save(self.save_dir / "args.yaml", vars(self.args))
+        enable_checkpointing(model, choice.plan, self.args.checkpoint_mode)
+        for line in choice.table():
+            LOGGER.info(f"{PREFIX}   {line}")
+        LOGGER.info(f"{PREFIX} auto chose {choice.plan.describe(self.args.checkpoint_mode)} at batch {choice.batch}: "
+                    f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, measured "
+                    f"{choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB")
+        return choice.batch
 
     def save_metrics(self, metrics: dict) -> None:
         """Write results.csv with this epoch's peak memory columns, and pass them to Ultralytics' loggers.

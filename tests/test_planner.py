@@ -1,0 +1,118 @@
+"""checkpoint_stages=auto against exhaustive measurement: every candidate plan's step measured, FLOPs counted."""
+
+from copy import deepcopy
+from pathlib import Path
+
+import pytest
+import yaml
+from torch.utils.flop_counter import FlopCounterMode
+from ultralytics.cfg import get_cfg
+from ultralytics.nn.tasks import DetectionModel
+from ultralytics.utils.patches import torch_load
+
+from yolo_ckpt.autobatch import plan_batch, step_bytes
+from yolo_ckpt.model import disable_checkpointing
+from yolo_ckpt.planner import candidates, choose_plan, choose_plan_and_batch, unit_costs
+from yolo_ckpt.profiler import _loss, measure_peak, training_batch, with_plan
+from yolo_ckpt.stages import CheckpointConfigError
+from yolo_ckpt.trainer import check_settings, saved_settings
+
+from support import TINY, assert_same_training, train_pair
+
+SMALL = {  # four stages and a neck: 5 units, 62 candidate plans
+    **TINY,
+    "head": [
+        [-1, 1, "nn.Upsample", [None, 2, "nearest"]],  # 7
+        [[-1, 4], 1, "Concat", [1]],  # 8
+        [-1, 1, "C3k2", [64, False, 0.25]],  # 9
+        [[9, 6], 1, "Detect", ["nc"]],  # 10
+    ],
+}
+IMGSZ, BATCH = 128, 2
+
+
+@pytest.fixture(scope="module")
+def small():
+    model = DetectionModel(deepcopy(SMALL), verbose=False).train()
+    model.args = get_cfg()  # the loss reads its hyperparameters here
+    return model
+
+
+@pytest.fixture(scope="module")
+def exhaustive(small):
+    """Every candidate measured independently: step bytes as planning counts them, and FLOPs counted."""
+    costs = unit_costs(small, IMGSZ)
+    data = training_batch(small, IMGSZ, BATCH)
+    fixed = step_bytes(small, IMGSZ, BATCH) - measure_peak(small, data)[0]  # model state and the batch
+    rows = []
+    for c in candidates(costs, BATCH, 0):
+        s = c.settings
+        m = with_plan(small, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
+        with FlopCounterMode(display=False) as counter:
+            _loss(m, data).backward()
+        rows.append((c, step_bytes(m, IMGSZ, BATCH), counter.get_total_flops()))
+        disable_checkpointing(m)
+    return costs, fixed, measure_peak(small, data)[0], rows
+
+
+@pytest.mark.parametrize("share", [0.5, 0.6, 0.7, 0.8, 0.9])
+def test_auto_fits_and_is_the_cheapest_fitting_plan(small, exhaustive, share):
+    costs, fixed, peak, rows = exhaustive
+    target = fixed + int(share * peak)  # share of the vanilla step's peak, on top of what no plan changes
+    fitting = [(c, nbytes, flops) for c, nbytes, flops in rows if nbytes <= target]
+    assert fitting, "the budgets are chosen so that some plan fits"
+    choice = choose_plan(small, IMGSZ, BATCH, target, costs=costs)
+    measured = {(c.units, c.mode): (nbytes, flops) for c, nbytes, flops in rows}
+    nbytes, flops = measured[(choice.candidate.units, choice.candidate.mode)]
+    assert choice.measured_bytes == nbytes <= target
+    assert flops <= 1.01 * min(f for _, _, f in fitting)
+    assert choice.plan.regions and len(choice.tried) <= 15
+
+
+def test_nothing_fits_says_what_would(small, exhaustive):
+    costs, fixed, peak, rows = exhaustive
+    least = min(nbytes for _, nbytes, _ in rows)
+    with pytest.raises(ValueError, match=rf"nothing fits .* needs {least / 2**30:.3f} GB$"):  # the least kept
+        choose_plan(small, IMGSZ, BATCH, least - 1, costs=costs)
+
+
+def test_autobatch_auto_gives_the_largest_batch_any_plan_allows(small, exhaustive):
+    costs, fixed, peak, rows = exhaustive
+    budget = 4 * step_bytes(small, IMGSZ, 4)  # 60% of it: about 2.4 vanilla batches of 4
+    choice = choose_plan_and_batch(small, IMGSZ, budget, 0.6)
+    assert choice.measured_bytes <= choice.target_bytes == int(0.6 * budget)
+    least = min(rows, key=lambda r: r[1])[0].settings  # the plan measured to keep the least at batch 2
+    most = plan_batch(with_plan(small, least["checkpoint_stages"], least["checkpoint_mode"],
+                                least["checkpoint_layers"]), imgsz=IMGSZ, budget=budget, fraction=0.6)
+    assert choice.batch >= most.batch > plan_batch(small, imgsz=IMGSZ, budget=budget, fraction=0.6).batch
+
+
+def test_auto_settings_are_checked_before_any_work(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(CheckpointConfigError, match="needs a memory target: memory_budget=24GB .* or a CUDA device"):
+        check_settings("yolo11n.yaml", {"checkpoint_stages": "auto"})
+    with pytest.raises(CheckpointConfigError, match="chooses the layers and the mode itself. Valid: \\[\\]"):
+        check_settings("yolo11n.yaml", {"checkpoint_stages": "auto", "checkpoint_layers": "head"})
+    check_settings("yolo11n.yaml", {"checkpoint_stages": "auto", "memory_budget": "2GB"})
+
+
+def test_auto_trains_like_vanilla_and_is_recorded(detect_data, tmp_path):
+    """A fixed batch with memory_budget: the chosen plan trains bit for bit like vanilla, recomputes, is recorded in
+    args.yaml and in last.pt, from which `yolo-ckpt train resume` restores it."""
+    model, imgsz = "yolov8n.yaml", 160
+    probe = DetectionModel(model, verbose=False).train()
+    probe.args = get_cfg()
+    labels = Path(detect_data).parent / "labels" / "train"
+    objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # as the trainer counts them
+    data = training_batch(probe, imgsz, 4, objects=objects)
+    fixed = step_bytes(probe, imgsz, 4, objects=objects) - measure_peak(probe, data)[0]
+    budget = (fixed + 0.7 * measure_peak(probe, data)[0]) / 0.6  # a share that vanilla does not fit
+    vanilla, ckpt = train_pair(model, "auto", detect_data, tmp_path, epochs=1, imgsz=imgsz,
+                               ours={"memory_budget": f"{int(budget)}B"})
+    chosen = yaml.safe_load((Path(ckpt) / "args.yaml").read_text())
+    assert chosen["checkpoint_stages"] != "auto" and chosen["checkpoint_mode"] in {"full", "selective"}
+    assert chosen["checkpoint_stages"] or chosen["checkpoint_layers"]
+    assert_same_training(model, chosen["checkpoint_stages"], vanilla, ckpt, layers=chosen["checkpoint_layers"] or None)
+    saved = saved_settings(torch_load(Path(ckpt) / "weights" / "last.pt"))
+    assert {k: saved[k] for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")} == {
+        k: chosen[k] for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")}
