@@ -52,7 +52,8 @@ def cuda_tests(quick: bool) -> str:
 def memory_table(quick: bool, device: str) -> str:
     models, sizes = (["yolo11n.yaml"], [128]) if quick else (["yolo11n.yaml", "yolo11s.yaml"], [640, 1280])
     amps = ["off", "fp16"] if device == "cuda" else ["off"]
-    return "\n".join(table(models, sizes, 4, amps, device, repeats=1 if quick else 3))
+    return "\n".join(table(models, sizes, 4, amps, device, repeats=1 if quick else 3,
+                           shares=[0.7] if quick else [0.5, 0.6, 0.7, 0.8, 0.9]))
 
 
 def autobatch(quick: bool, device: str) -> str:

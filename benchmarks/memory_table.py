@@ -1,7 +1,9 @@
 """README's memory table: checkpointed vs vanilla training steps, measured side by side in one run.
 
 For each model, image size and AMP setting, one real training step (``model.loss`` forward + backward, 50 boxes per
-image; the forward under autocast when AMP is on, as Ultralytics' loop) per plan: exact peak of live tensor bytes
+image; the forward under autocast when AMP is on, as Ultralytics' loop) per plan — fixed plans, selective, the whole
+network (all stages + ``checkpoint_layers=head``) and what ``checkpoint_stages=auto`` chooses at budgets of 50-90% of
+the vanilla step's peak (``--shares``) — exact peak of live tensor bytes
 (``LiveTensorTracker``), convolution/matmul FLOPs (``FlopCounterMode``, recompute included) and the median step time
 on this machine's device, each as a ratio to vanilla. With CUDA, the allocator's ``max_memory_allocated`` is added
 next to the exact estimate.
@@ -16,15 +18,39 @@ import argparse
 
 import torch
 
-from yolo_ckpt.profiler import build_model, compare_plans
+from yolo_ckpt.autobatch import step_bytes
+from yolo_ckpt.planner import choose_plan, describe, unit_costs
+from yolo_ckpt.profiler import build_model, compare_plans, measure_peak, training_batch
 
 PLANS = {"none": [], "[2,3]": [2, 3], "all": "all", "[2,3] selective": ([2, 3], "selective"),
          "all selective": ("all", "selective"), "all + head": ("all", "full", "head"),
          "all + head selective": ("all", "selective", "head")}
+SHARES = [0.5, 0.6, 0.7, 0.8, 0.9]  # auto rows: budgets as shares of the vanilla step's peak
 AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3):
+def auto_plans(model, imgsz: int, batch: int, amp, shares: list[float]) -> dict:
+    """``checkpoint_stages=auto`` at each share of the vanilla step's peak (on top of model state and the batch,
+    which no plan changes): the plans it chooses, named ``auto 50%: stages [...]``."""
+    costs = unit_costs(model, imgsz, amp=amp)
+    data = training_batch(model, imgsz, batch)
+    peak = measure_peak(model, data, amp)[0]
+    fixed = step_bytes(model, imgsz, batch, amp=amp) - peak
+    plans = {}
+    for share in shares:
+        try:
+            c = choose_plan(model, imgsz, batch, fixed + int(share * peak), amp=amp, costs=costs).candidate
+        except ValueError:
+            plans[f"auto {share:.0%}: nothing fits"] = None
+            continue
+        s = c.settings
+        plans[f"auto {share:.0%}: {describe(c)}"] = (s["checkpoint_stages"], s["checkpoint_mode"],
+                                                     s["checkpoint_layers"])
+    return plans
+
+
+def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3,
+          shares: list[float] = SHARES):
     """Yield the markdown lines of the table (header first), measuring as it goes."""
     cuda = device.startswith("cuda")
     head = "| model | imgsz | batch | AMP | stages | peak MiB | peak ratio | FLOP ratio | step time ratio |"
@@ -34,7 +60,11 @@ def table(models: list[str], sizes: list[int], batch: int, amps: list[str], devi
         model = build_model(name).to(device)
         for imgsz in sizes:
             for amp in amps:
-                for r in compare_plans(model, imgsz, batch, PLANS, repeats=repeats, amp=AMP[amp]):
+                auto = auto_plans(model, imgsz, batch, AMP[amp], shares)
+                plans = {**PLANS, **{k: v for k, v in auto.items() if v is not None}}
+                for k in (k for k, v in auto.items() if v is None):
+                    yield f"| {name} | {imgsz} | {batch} | {amp} | {k} | | | | |"
+                for r in compare_plans(model, imgsz, batch, plans, repeats=repeats, amp=AMP[amp]):
                     row = (f"| {name} | {imgsz} | {batch} | {amp} | {r['plan']} | {r['peak_MiB']:.0f} "
                            f"| {r['peak_ratio']:.3f} | {r['flops_ratio']:.3f} | {r['time_ratio']:.3f} ({device}) |")
                     if cuda:
@@ -50,9 +80,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--amp", nargs="+", choices=list(AMP), default=None, help="default: off, plus fp16 on CUDA")
+    p.add_argument("--shares", nargs="*", type=float, default=SHARES, help="auto rows: shares of the vanilla peak")
     a = p.parse_args()
     amps = a.amp or (["off", "fp16"] if a.device.startswith("cuda") else ["off"])
-    for line in table(a.models, a.imgsz, a.batch, amps, a.device, a.repeats):
+    for line in table(a.models, a.imgsz, a.batch, amps, a.device, a.repeats, a.shares):
         print(line, flush=True)
 
 

@@ -28,10 +28,6 @@ from ultralytics.utils.torch_utils import unwrap_model
 from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
-# Small, bitwise-reproducible CPU training (BRIEF §3) at a size where every loss term is non-zero: the same arguments
-# for vanilla and checkpointed runs.
-# nbs=batch: an optimizer step every batch, so even a one-epoch run moves the weights (with Ultralytics' nbs=64 a short
-# run accumulates gradients without ever stepping, and equal weights would prove nothing about the gradients).
 # A small YOLO11-style detector: four stages, seconds to train or compile on CPU.
 TINY = {
     "nc": 4,
@@ -47,7 +43,20 @@ TINY = {
     "head": [[[4, 6], 1, "Detect", ["nc"]]],  # 7
 }
 
+SMALL = {  # TINY with a neck: 5 checkpoint units (4 stages, the head), 62 candidate plans
+    **TINY,
+    "head": [
+        [-1, 1, "nn.Upsample", [None, 2, "nearest"]],  # 7
+        [[-1, 4], 1, "Concat", [1]],  # 8
+        [-1, 1, "C3k2", [64, False, 0.25]],  # 9
+        [[9, 6], 1, "Detect", ["nc"]],  # 10
+    ],
+}
 
+# Small, bitwise-reproducible CPU training (BRIEF §3) at a size where every loss term is non-zero: the same arguments
+# for vanilla and checkpointed runs.
+# nbs=batch: an optimizer step every batch, so even a one-epoch run moves the weights (with Ultralytics' nbs=64 a short
+# run accumulates gradients without ever stepping, and equal weights would prove nothing about the gradients).
 TRAIN_ARGS = dict(epochs=2, imgsz=320, batch=4, nbs=4, workers=0, device="cpu", seed=0, deterministic=True, plots=False)
 
 

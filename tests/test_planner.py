@@ -17,17 +17,8 @@ from yolo_ckpt.profiler import _loss, measure_peak, training_batch, with_plan
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.trainer import check_settings, saved_settings
 
-from support import TINY, assert_same_training, train_pair
+from support import SMALL, assert_same_training, train_pair
 
-SMALL = {  # four stages and a neck: 5 units, 62 candidate plans
-    **TINY,
-    "head": [
-        [-1, 1, "nn.Upsample", [None, 2, "nearest"]],  # 7
-        [[-1, 4], 1, "Concat", [1]],  # 8
-        [-1, 1, "C3k2", [64, False, 0.25]],  # 9
-        [[9, 6], 1, "Detect", ["nc"]],  # 10
-    ],
-}
 IMGSZ, BATCH = 128, 2
 
 

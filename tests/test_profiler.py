@@ -6,9 +6,12 @@ import sys
 
 import pytest
 import torch
+import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from yolo_ckpt.profiler import build_model, compare_plans, profile_stages, standard_plans, training_batch
+
+from support import SMALL
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +50,26 @@ def test_standard_plans(model):
 
 
 def test_profile_command_writes_results(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", "model=yolo11n.yaml", "imgsz=128", "batch=2",
-                          f"project={tmp_path}", "name=p"], capture_output=True, text=True, timeout=600)
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", f"model={cfg}", "imgsz=64", "batch=2",
+                          "memory_budget=11MB", f"project={tmp_path}", "name=p"], capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     saved = json.loads((tmp_path / "p" / "profile.json").read_text())
-    assert [r["plan"] for r in saved["plans"]] == list(standard_plans(build_model("yolo11n.yaml")))
+    assert [r["plan"] for r in saved["plans"]] == list(standard_plans(build_model(str(cfg))))
     assert saved["plans"][0]["peak_ratio"] == 1.0 and saved["plans"][-1]["peak_ratio"] < 1.0
     assert all(r["recompute_GFLOPs"] > 0 for r in saved["stages"])
-    for name in ("plans.csv", "stages.csv"):
+    for name in ("plans.csv", "stages.csv", "candidates.csv", "untouchable.csv"):
         assert len((tmp_path / "p" / name).read_text().splitlines()) == 1 + len(saved[name.split(".")[0]])
-    assert (tmp_path / "p" / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    for name in ("tradeoff.png", "pareto.png"):
+        assert (tmp_path / "p" / name).read_bytes()[:4] == b"\x89PNG"
+    rows, target = saved["candidates"], int(0.6 * 11 * 2**20)  # every plan measured; auto's share of the budget
+    fitting = [r for r in rows if r["step_bytes"] <= target]
+    assert len(rows) == 63 and rows[0]["step_bytes"] > target and fitting  # vanilla does not fit, some plans do
+    chosen = saved["chosen"]
+    assert chosen["auto"] and chosen["step_bytes"] <= target
+    assert chosen["flops"] <= 1.01 * min(r["flops"] for r in fitting)  # the cheapest that fits
+    least = min(rows, key=lambda r: r["step_bytes"])
+    assert least["pareto"] and least["largest_imgsz"] >= 64 > rows[0]["largest_imgsz"]
     assert "plans: 100%" in out.stderr + out.stdout  # progress was shown

@@ -284,8 +284,9 @@ def standard_plans(model: nn.Module) -> dict[str, Any]:
     return plans
 
 
-def write_profile(save_dir: Path, stages: list[dict], plans: list[dict]) -> list[Path]:
-    """Write profile.json, plans.csv, stages.csv and a PNG of memory versus time; return the paths."""
+def write_profile(save_dir: Path, stages: list[dict], plans: list[dict], extra: dict | None = None) -> list[Path]:
+    """Write profile.json, plans.csv, stages.csv and a PNG of memory versus time; with ``extra``
+    (``yolo_ckpt.cli.tradeoffs``) also candidates.csv, untouchable.csv and pareto.png; return the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,10 +294,14 @@ def write_profile(save_dir: Path, stages: list[dict], plans: list[dict]) -> list
 
     save_dir.mkdir(parents=True, exist_ok=True)
     paths = [save_dir / "profile.json", save_dir / "plans.csv", save_dir / "stages.csv", save_dir / "tradeoff.png"]
-    paths[0].write_text(json.dumps({"stages": stages, "plans": plans}, indent=2))
-    for path, rows in zip(paths[1:3], (plans, stages)):
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    extra = extra or {}
+    tables = {"plans.csv": plans, "stages.csv": stages}
+    if extra:
+        tables.update({"candidates.csv": extra["candidates"], "untouchable.csv": extra["untouchable"]})
+    paths[0].write_text(json.dumps({"stages": stages, "plans": plans, **extra}, indent=2, default=str))
+    for name, rows in tables.items():
+        with open(save_dir / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list({k: None for r in rows for k in r}))  # every row's keys
             writer.writeheader()
             writer.writerows(rows)
     fig, ax = plt.subplots(figsize=(6, 4.5), tight_layout=True)
@@ -307,4 +312,9 @@ def write_profile(save_dir: Path, stages: list[dict], plans: list[dict]) -> list
     ax.grid(alpha=0.3)
     fig.savefig(paths[3], dpi=150)
     plt.close(fig)
+    if extra:
+        from .tradeoff import plot_front
+
+        paths += [save_dir / "candidates.csv", save_dir / "untouchable.csv", save_dir / "pareto.png"]
+        plot_front(extra["candidates"], paths[-1], extra.get("chosen"))
     return paths
