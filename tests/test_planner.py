@@ -4,6 +4,7 @@ from copy import deepcopy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 from ultralytics.cfg import get_cfg
@@ -107,3 +108,14 @@ def test_auto_trains_like_vanilla_and_is_recorded(detect_data, tmp_path):
     saved = saved_settings(torch_load(Path(ckpt) / "weights" / "last.pt"))
     assert {k: saved[k] for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")} == {
         k: chosen[k] for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="auto without memory_budget plans for CUDA's free memory")
+def test_auto_on_cuda_free_memory(detect_data, tmp_path):
+    from yolo_ckpt import YOLO
+
+    model = YOLO("yolov8n.yaml")
+    model.train(data=detect_data, epochs=1, imgsz=160, batch=4, device=0, workers=0, plots=False,
+                project=str(tmp_path), name="auto", checkpoint_stages="auto")
+    chosen = yaml.safe_load((tmp_path / "auto" / "args.yaml").read_text())
+    assert chosen["checkpoint_stages"] == [] and chosen["checkpoint_layers"] == []  # a small step fits a GPU plainly

@@ -1,13 +1,15 @@
 """``checkpoint_stages=auto``: the plan with the least recompute whose measured training step fits a memory target.
 
 A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``) — recomputed
-``full`` or ``selective``. Each unit is measured once, alone, in a training step at batch 1: the bytes it stops
-keeping for backward and the FLOPs its recompute adds. FLOPs add up exactly over units; the bytes a plan keeps are
-predicted from the vanilla step at the run's batch minus the units' savings. Candidates are then tried cheapest first:
-a candidate predicted to fit is measured (a real step at the run's batch and imgsz, on a copy of the model) and the
-first that fits is the choice, so the choice always rests on a measurement and the training model is never touched.
+``full`` or ``selective``. Each unit is measured once, alone, in a training step at batch 1 on a copy of the model:
+the bytes it stops keeping for backward, the peak of the step's backward from the moment it reaches the unit, and the
+FLOPs its recompute adds. A plan's FLOPs are the sum of its units'; its peak is predicted as the largest of the
+vanilla forward and backward peaks less every unit's saving, and of each unit's backward window less the savings of
+the units before it (only those still hold their tensors then) — within about 10% of the measured step. Candidates
+are tried cheapest first: each predicted to fit is measured (a real step at the run's batch and imgsz, on a copy) and
+the first that fits is the choice, so the choice always rests on a measurement and the training model never runs.
 
-With AutoBatch (``batch=-1`` or a fraction) the plan that keeps the least — the whole network, ``full`` — sets the
+With AutoBatch (``batch=-1`` or a fraction) the plan measured to keep the least (among those predicted to) sets the
 largest batch (``plan_batch``), and the cheapest plan that fits at that batch is chosen.
 
 Memory is counted as ``plan_batch`` counts it: model state, the batch on the device and the exact step peak.
@@ -195,9 +197,9 @@ class Costs:
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
     """Measure the plain step and each unit alone, in each mode, at batch 1 (on copies of the model)."""
     data = training_batch(model, imgsz, 1, objects)
-    units = [*sorted(model_stages(model)), HEAD]
-    costs = {}
     stages = model_stages(model)
+    units = [*sorted(stages), HEAD]
+    costs = {}
     for unit, mode in [(None, "full"), *itertools.product(units, MODES)]:
         m = _with(model, (unit,) if unit is not None else (), mode)
         last = stages[unit][-1] if isinstance(unit, int) else None  # the head: its backward starts the step's
@@ -222,7 +224,7 @@ def candidates(costs: Costs, batch: int, fixed: int) -> list[Candidate]:
 
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
-                amp: torch.dtype | None = None, costs: tuple | None = None) -> Choice:
+                amp: torch.dtype | None = None, costs: Costs | None = None) -> Choice:
     """The candidate with the least recompute FLOPs whose measured step at ``batch`` fits ``target`` bytes.
 
     Args:

@@ -306,7 +306,8 @@ class CheckpointMixin:
         if self.args.memory_budget is not None:
             budget, source = parse_memory(self.args.memory_budget), f"memory_budget={self.args.memory_budget}"
         else:
-            budget, source = torch.cuda.get_device_properties(self.device).total_memory, f"{self.device} memory"
+            free, _ = torch.cuda.mem_get_info(self.device)  # what others use is not ours; what we hold is counted
+            budget, source = free + torch.cuda.memory_allocated(self.device), f"{self.device} free memory"
         fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
         amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None
