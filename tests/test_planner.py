@@ -1,5 +1,6 @@
 """checkpoint_stages=auto against exhaustive measurement: every candidate plan's step measured, FLOPs counted."""
 
+import re
 from copy import deepcopy
 from pathlib import Path
 
@@ -119,3 +120,15 @@ def test_auto_on_cuda_free_memory(detect_data, tmp_path):
                 project=str(tmp_path), name="auto", checkpoint_stages="auto")
     chosen = yaml.safe_load((tmp_path / "auto" / "args.yaml").read_text())
     assert chosen["checkpoint_stages"] == [] and chosen["checkpoint_layers"] == []  # a small step fits a GPU plainly
+
+
+def test_nothing_fits_in_training_says_which_budget_would(detect_data, tmp_path, capsys):
+    from yolo_ckpt import cli
+
+    args = ["train", "model=yolov8n.yaml", f"data={detect_data}", "imgsz=64", "epochs=1", "batch=2", "workers=0",
+            "plots=False", f"project={tmp_path}", "checkpoint_stages=auto", "memory_budget=1MB"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("yolo-ckpt: error: checkpoint_stages=auto: nothing fits")
+    budget = re.search(r"memory_budget=(\d+MB) would fit it, or lower batch or imgsz$", err).group(1)
+    assert cli.main([*args[:-1], f"memory_budget={budget}"]) == 0  # and it does

@@ -43,6 +43,14 @@ MAX_MEASURED = 12  # candidates measured at most before falling back to those pr
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 
 
+class NothingFits(ValueError):
+    """No candidate plan's measured step fits the target; ``needed`` is what the plan that kept the least measured."""
+
+    def __init__(self, message: str, needed: int):
+        super().__init__(message)
+        self.needed = needed
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One plan: units recomputed in one mode, with its recompute FLOPs and predicted bytes at the run's batch.
@@ -270,8 +278,9 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         if all(c != t for t, _ in tried) and (measured := measure(c)) <= target:
             return Choice(c, c.plan(model), batch, measured, target, base.base_flops, tried, [])
     least, measured = min(tried, key=lambda t: t[1])
-    raise ValueError(f"checkpoint_stages=auto: nothing fits {target / 2**30:.3f} GB at batch {batch}, imgsz {imgsz}; "
-                     f"the plan that kept the least ({describe(least)}) needs {measured / 2**30:.3f} GB")
+    raise NothingFits(f"checkpoint_stages=auto: nothing fits {target / 2**30:.3f} GB at batch {batch}, imgsz "
+                      f"{imgsz}; the plan that kept the least ({describe(least)}) needs {measured / 2**30:.3f} GB",
+                      measured)
 
 
 def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,

@@ -300,7 +300,7 @@ class CheckpointMixin:
     def _auto_plan(self, objects: int, autobatch: bool = False) -> int:
         """Resolve ``checkpoint_stages=auto`` on copies of the model: choose, record in ``args`` (and args.yaml),
         install. With AutoBatch the batch is chosen too; returns the batch."""
-        from .planner import choose_plan, choose_plan_and_batch
+        from .planner import NothingFits, choose_plan, choose_plan_and_batch
 
         model = unwrap_model(self.model)
         if self.args.memory_budget is not None:
@@ -319,8 +319,11 @@ class CheckpointMixin:
                 choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp)
             else:
                 choice = choose_plan(model, imgsz, batch, int(fraction * budget), objects, amp)
+        except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
+            raise CheckpointConfigError(f"{e}: memory_budget={math.ceil(e.needed / fraction / 2**20)}MB would fit "
+                                        f"it, or lower batch or imgsz") from None
         except ValueError as e:
-            raise CheckpointConfigError(f"{e}; raise memory_budget, lower batch or imgsz") from None
+            raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
         for k, v in choice.candidate.settings.items():
             setattr(self.args, k, v)
         if RANK in {-1, 0}:  # args.yaml holds the chosen plan, as last.pt does: resume restores it
