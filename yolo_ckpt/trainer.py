@@ -128,7 +128,9 @@ class CheckpointMixin:
     - ``get_model``: the training model runs the plan's regions inside checkpoints.
     - ``get_validator``: validators rebuild their arguments with Ultralytics' key check, so they get ours removed.
     - ``save_model``: what is pickled is plain Ultralytics, and ``train_args`` hold only Ultralytics' keys.
-    - ``auto_batch``: AutoBatch measures the checkpointed model, or plans for ``memory_budget`` on any device.
+    - ``auto_batch``: AutoBatch measures the checkpointed model, or plans for ``memory_budget`` on any device;
+      with ``checkpoint_stages=auto`` it chooses plan and batch together (``yolo_ckpt.planner``), and for a fixed batch
+      ``choose_auto_plan`` chooses the plan at ``on_pretrain_routine_end``.
     - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again.
     - callbacks (``yolo_ckpt.epoch_memory``), ``save_metrics``, ``plot_metrics``: each epoch's peak memory goes to
       the console, results.csv, Ultralytics' loggers and memory.png; frozen stages are dropped from the plan.
