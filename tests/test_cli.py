@@ -28,6 +28,9 @@ def test_parses_like_yolo():
     assert parse_train_args(["train", "checkpoint_stages=all"])["checkpoint_stages"] == "all"
     assert parse_train_args(["train", "checkpoint_stages=3"])["checkpoint_stages"] == 3
     assert parse_train_args(["train", "checkpoint_stages=[]"])["checkpoint_stages"] == []
+    assert parse_train_args(["train", "checkpoint_layers=[[10,12],22]"])["checkpoint_layers"] == [[10, 12], 22]
+    assert parse_train_args(["train", "checkpoint_stages=auto", "checkpoint_layers=head"]) == {
+        "mode": "train", "checkpoint_stages": "auto", "checkpoint_layers": "head"}
 
 
 def test_unknown_key_gives_the_yolo_error():
