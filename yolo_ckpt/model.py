@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .recompute import MODES, checkpoint_region
-from .stages import CheckpointPlan, Region
+from .stages import CheckpointPlan, Region, layer_inputs
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,7 @@ class _Wiring:
     @classmethod
     def of(cls, layers: nn.Sequential, region: Region) -> _Wiring:
         first, last = region.layers[0], region.layers[-1]
-        reads = {i: [m.i + j if j < 0 else j for j in ([m.f] if isinstance(m.f, int) else m.f)] for m in layers
-                 for i in [m.i]}
+        reads = {m.i: layer_inputs(m) for m in layers}
         outside = sorted({j for i in region.layers[1:] for j in reads[i] if j < first})
         later = {j for i in range(last + 1, len(layers)) for j in reads[i]}
         inner = frozenset(j for i in region.layers[1:] for j in reads[i] if first <= j < i - 1 or

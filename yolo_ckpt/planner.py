@@ -33,8 +33,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .autobatch import BatchPlan, plan_batch, step_bytes
 from .memory import LiveTensorTracker
-from .model import disable_checkpointing, enable_checkpointing
-from .profiler import _loss, measure_peak, training_batch
+from .model import disable_checkpointing
+from .profiler import _loss, measure_peak, training_batch, with_plan
 from .recompute import MODES
 from .stages import CheckpointPlan, model_stages
 
@@ -128,12 +128,7 @@ def describe(c: Candidate) -> str:
 
 def _with(model: nn.Module, units: tuple, mode: str) -> nn.Module:
     """A copy of ``model`` with ``units`` recomputed in ``mode`` (the caller disables it when done)."""
-    from copy import deepcopy
-
-    m = deepcopy(model)
-    stages = [u for u in units if u != HEAD]
-    enable_checkpointing(m, CheckpointPlan.from_spec(m, stages, HEAD if HEAD in units else None), mode)
-    return m
+    return with_plan(model, [u for u in units if u != HEAD], mode, HEAD if HEAD in units else None)
 
 
 def _flops(model: nn.Module, batch: dict, amp: torch.dtype | None) -> int:

@@ -260,7 +260,7 @@ def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int], set[int]
     return backbone_stages(layers, cfg, name=name), set(save), chained
 
 
-def _inputs(m: nn.Module) -> list[int]:
+def layer_inputs(m: nn.Module) -> list[int]:
     """Indices of the layers ``m`` reads (``-1`` resolved; the image, for layer 0, is index -1)."""
     return [m.i + j if j < 0 else j for j in ([m.f] if isinstance(m.f, int) else m.f)]
 
@@ -369,7 +369,7 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
         out = outputs[j]
         return isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() in stored
 
-    return [m.i for m in list(layers)[first:] if packed[m.i] and all(kept(j) for j in _inputs(m))]
+    return [m.i for m in list(layers)[first:] if packed[m.i] and all(kept(j) for j in layer_inputs(m))]
 
 
 def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model") -> dict[int, tuple[int, ...]]:

@@ -23,7 +23,7 @@ from torch import nn
 from .autobatch import state_bytes, step_bytes
 from .model import disable_checkpointing
 from .planner import Candidate, _flops, _with, candidates, describe, unit_costs
-from .profiler import measure_peak, time_steps, training_batch
+from .profiler import measure_peak, time_steps, training_batch, with_plan
 
 
 def _row(c: Candidate | None, nbytes: int, flops: int, base: tuple[int, int]) -> dict:
@@ -32,6 +32,11 @@ def _row(c: Candidate | None, nbytes: int, flops: int, base: tuple[int, int]) ->
             "step_MiB": round(nbytes / 2**20, 1),
             "peak_ratio": round(nbytes / base[0], 4), "flops_ratio": round(flops / base[1], 4),
             "predicted_MiB": round((c.predicted_bytes if c else nbytes) / 2**20, 1)}
+
+
+def _copy(model: nn.Module, row: dict) -> nn.Module:
+    """A copy of ``model`` with ``row``'s plan installed."""
+    return with_plan(model, row["checkpoint_stages"], row["checkpoint_mode"], row["checkpoint_layers"] or None)
 
 
 def pareto(rows: list[dict]) -> list[dict]:
@@ -68,8 +73,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
             del m
     pareto(rows)
     front = [r for r in rows if r["pareto"]]
-    models = [_with(model, tuple(r["checkpoint_stages"]) + (("head",) if r["checkpoint_layers"] else ()),
-                    r["checkpoint_mode"]) for r in [rows[0], *front]]
+    models = [_copy(model, r) for r in [rows[0], *front]]
     seconds = time_steps(models, data, max(repeats, 1), amp)
     for m in models:
         disable_checkpointing(m)
@@ -86,8 +90,7 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     the batch and the loss's anchors all scale with pixels), solved for the target. A prediction, not a measurement
     at that size: on a GPU, confirm with a run.
     """
-    units = tuple(row["checkpoint_stages"]) + (("head",) if row["checkpoint_layers"] else ())
-    m = _with(model, units, row["checkpoint_mode"])
+    m = _copy(model, row)
     try:
         static = state_bytes(m)
         small = max(imgsz // 2 // stride * stride, stride)
