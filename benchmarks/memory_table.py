@@ -21,6 +21,7 @@ import torch
 from yolo_ckpt.autobatch import step_bytes
 from yolo_ckpt.planner import choose_plan, describe, unit_costs
 from yolo_ckpt.profiler import build_model, compare_plans, measure_peak, training_batch
+from yolo_ckpt.stages import CheckpointPlan
 
 PLANS = {"none": [], "[2,3]": [2, 3], "all": "all", "[2,3] selective": ([2, 3], "selective"),
          "all selective": ("all", "selective"), "all + head": ("all", "full", "head"),
@@ -36,10 +37,12 @@ def auto_plans(model, imgsz: int, batch: int, amp, shares: list[float]) -> dict:
     data = training_batch(model, imgsz, batch)
     peak = measure_peak(model, data, amp)[0]
     fixed = step_bytes(model, imgsz, batch, amp=amp) - peak
+    measured = {(None, batch): (fixed + peak, fixed)}  # each plan is measured once for all shares
     plans = {}
     for share in shares:
         try:
-            c = choose_plan(model, imgsz, batch, fixed + int(share * peak), amp=amp, costs=costs).candidate
+            c = choose_plan(model, imgsz, batch, fixed + int(share * peak), amp=amp, costs=costs,
+                            measured=measured).candidate
         except ValueError:
             plans[f"auto {share:.0%}: nothing fits"] = None
             continue
@@ -47,6 +50,13 @@ def auto_plans(model, imgsz: int, batch: int, amp, shares: list[float]) -> dict:
         plans[f"auto {share:.0%}: {describe(c)}"] = (s["checkpoint_stages"], s["checkpoint_mode"],
                                                      s["checkpoint_layers"])
     return plans
+
+
+def _key(model, spec) -> tuple:
+    """What a plan recomputes: its regions and mode, whichever way ``spec`` names them."""
+    spec = spec if isinstance(spec, tuple) else (spec, "full")
+    plan = CheckpointPlan.from_spec(model, spec[0], *spec[2:])
+    return tuple(tuple(r.layers) for r in plan.regions), spec[1] if plan.regions else "full"
 
 
 def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3,
@@ -64,7 +74,13 @@ def table(models: list[str], sizes: list[int], batch: int, amps: list[str], devi
                 plans = {**PLANS, **{k: v for k, v in auto.items() if v is not None}}
                 for k in (k for k, v in auto.items() if v is None):
                     yield f"| {name} | {imgsz} | {batch} | {amp} | {k} | | | | |"
-                for r in compare_plans(model, imgsz, batch, plans, repeats=repeats, amp=AMP[amp]):
+                same = {k: _key(model, v) for k, v in plans.items()}  # an auto choice equal to a fixed plan: once
+                unique = {}
+                for k in plans:
+                    unique.setdefault(same[k], k)
+                rows = {r["plan"]: r for r in compare_plans(model, imgsz, batch, {k: plans[k] for k in unique.values()},
+                                                            repeats=repeats, amp=AMP[amp])}
+                for r in ({**rows[unique[same[k]]], "plan": k} for k in plans):
                     row = (f"| {name} | {imgsz} | {batch} | {amp} | {r['plan']} | {r['peak_MiB']:.0f} "
                            f"| {r['peak_ratio']:.3f} | {r['flops_ratio']:.3f} | {r['time_ratio']:.3f} ({device}) |")
                     if cuda:

@@ -175,26 +175,33 @@ class Costs:
         plain (tuple): The vanilla step's kept bytes, forward peak, backward peak, peak from the unit's backward on
             (``_phases``) and FLOPs.
         unit (dict): ``(unit, mode) ->`` the same five figures with only that unit recomputed.
+        grads (int): Bytes of the parameter gradients, which backward peaks hold at most and which no batch scales.
     """
 
     units: list
     plain: tuple
     unit: dict
+    grads: int = 0
 
     def predict(self, units: tuple, mode: str, batch: int) -> tuple[int, int]:
         """Predicted (step peak bytes, extra FLOPs) of recomputing ``units`` in ``mode`` at ``batch``.
 
         The forward peak falls by every unit's saving; a unit's backward runs while only the units before it still
-        hold their kept tensors, so its backward peak falls by their savings alone; FLOPs add up.
+        hold their kept tensors, so its backward peak falls by their savings alone; FLOPs add up. Activations scale
+        with the batch, parameter gradients do not: at small images they are much of a batch-1 backward peak.
         """
         kept, fwd, bwd, _, flops = self.plain
         less = {u: kept - self.unit[(u, mode)][0] for u in units}
-        peaks = [fwd - sum(less.values()), bwd - sum(less.values())]
+
+        def backward(peak: int) -> int:
+            return batch * max(peak - self.grads, 0) + self.grads
+
+        peaks = [batch * (fwd - sum(less.values())), backward(bwd - sum(less.values()))]
         for u in units:  # from u's backward on, only the units before it still hold what they keep
             before = sum(less[v] for v in units if self.units.index(v) < self.units.index(u))
-            peaks.append(self.unit[(u, mode)][3] - before)
+            peaks.append(backward(self.unit[(u, mode)][3] - before))
         extra = sum(self.unit[(u, mode)][4] - flops for u in units)
-        return batch * max(peaks), batch * extra
+        return max(peaks), batch * extra
 
 
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
@@ -211,7 +218,8 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
         finally:
             disable_checkpointing(m)
             del m
-    return Costs(units, costs.pop((None, "full")), costs)
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return Costs(units, costs.pop((None, "full")), costs, grads)
 
 
 def candidates(costs: Costs, batch: int, fixed: int) -> list[Candidate]:
@@ -227,7 +235,7 @@ def candidates(costs: Costs, batch: int, fixed: int) -> list[Candidate]:
 
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
-                amp: torch.dtype | None = None, costs: Costs | None = None) -> Choice:
+                amp: torch.dtype | None = None, costs: Costs | None = None, measured: dict | None = None) -> Choice:
     """The candidate with the least recompute FLOPs whose measured step at ``batch`` fits ``target`` bytes.
 
     Args:
@@ -238,17 +246,23 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         objects: Labelled objects per image in the measured batches.
         amp: Autocast dtype of the run's forward, ``None`` for full precision.
         costs: ``unit_costs`` of this model, when already measured.
+        measured: Steps already measured on this model at ``imgsz`` (``None`` keys the vanilla step), filled in as
+            it measures, so that choosing for several targets measures each plan once.
 
     Raises:
         ValueError: One line when not even the plan that keeps the least fits, saying what it needs.
     """
     costs = costs or unit_costs(model, imgsz, objects, amp)
-    plain = _with(model, (), "full")  # steps move BatchNorm statistics: never run the model itself
-    try:
-        vanilla = step_bytes(plain, imgsz, batch, objects, amp)
-        fixed = vanilla - measure_peak(plain, training_batch(plain, imgsz, batch, objects), amp)[0]
-    finally:
-        del plain
+    measured = {} if measured is None else measured
+    if (None, batch) not in measured:
+        plain = _with(model, (), "full")  # steps move BatchNorm statistics: never run the model itself
+        try:
+            vanilla = step_bytes(plain, imgsz, batch, objects, amp)
+            measured[None, batch] = vanilla, vanilla - measure_peak(plain, training_batch(plain, imgsz, batch,
+                                                                                           objects), amp)[0]
+        finally:
+            del plain
+    vanilla, fixed = measured[None, batch]
     base = Choice(Candidate((), "full", 0, vanilla), CheckpointPlan(), batch, vanilla, target, batch * costs.plain[4])
     if vanilla <= target:
         return base
@@ -256,26 +270,29 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     tried: list[tuple[Candidate, int]] = []
 
     def measure(c: Candidate) -> int:
-        m = _with(model, c.units, c.mode)
-        try:
-            tried.append((c, step_bytes(m, imgsz, batch, objects, amp)))
-        finally:
-            disable_checkpointing(m)
-            del m
-        return tried[-1][1]
+        if (key := (c.units, c.mode, batch)) not in measured:
+            m = _with(model, c.units, c.mode)
+            try:
+                measured[key] = step_bytes(m, imgsz, batch, objects, amp)
+            finally:
+                disable_checkpointing(m)
+                del m
+        tried.append((c, measured[key]))
+        return measured[key]
 
     fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
     for c in fitting[:MAX_MEASURED]:
-        if (measured := measure(c)) <= target:
+        if (got := measure(c)) <= target:
             later = [a for a in fitting if a.flops >= c.flops and a != c][:3]
-            return Choice(c, c.plan(model), batch, measured, target, base.base_flops, tried, later)
-    for c in sorted(ranked, key=lambda c: (c.predicted_bytes, c.flops))[:3]:  # the plans predicted to keep least
-        if all(c != t for t, _ in tried) and (measured := measure(c)) <= target:
-            return Choice(c, c.plan(model), batch, measured, target, base.base_flops, tried, [])
-    least, measured = min(tried, key=lambda t: t[1])
+            return Choice(c, c.plan(model), batch, got, target, base.base_flops, tried, later)
+    for c in sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))[:3]:  # predicted to keep least; a tie:
+        # the plan that recomputes more
+        if all(c != t for t, _ in tried) and (got := measure(c)) <= target:
+            return Choice(c, c.plan(model), batch, got, target, base.base_flops, tried, [])
+    least, needed = min(tried, key=lambda t: t[1])
     raise NothingFits(f"checkpoint_stages=auto: nothing fits {target / 2**30:.3f} GB at batch {batch}, imgsz "
-                      f"{imgsz}; the plan that kept the least ({describe(least)}) needs {measured / 2**30:.3f} GB",
-                      measured)
+                      f"{imgsz}; the plan that kept the least ({describe(least)}) needs {needed / 2**30:.3f} GB",
+                      needed)
 
 
 def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,
