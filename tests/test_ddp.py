@@ -12,12 +12,17 @@ from pathlib import Path
 
 import pytest
 import ultralytics
+import yaml
+from ultralytics.cfg import get_cfg
 from ultralytics.models import yolo
+from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import DEFAULT_CFG_DICT
 from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
 
-from yolo_ckpt import DetectionTrainer
+from yolo_ckpt import CheckpointPlan, DetectionTrainer
+from yolo_ckpt.autobatch import step_bytes
 from yolo_ckpt.epoch_memory import CALLBACKS
+from yolo_ckpt.profiler import measure_peak, training_batch
 
 from support import TRAIN_ARGS, CkptGloo, VanillaGloo, add_counting, assert_recomputed, assert_same_run, forward_counts
 
@@ -52,12 +57,26 @@ def test_worker_file_trains_like_ultralytics(detect_data, tmp_path):
     assert_same_run(vanilla, ckpt)  # memory measured in each epoch too: our callbacks ran in the worker
 
 
+def auto_budget(data: str, imgsz: int, batch: int) -> str:
+    """A ``memory_budget`` whose 60% share is 0.8 of a vanilla step at this per-rank batch: vanilla does not fit."""
+    probe = DetectionModel("yolo11n.yaml", verbose=False).train()
+    probe.args = get_cfg()
+    labels = Path(data).parent / "labels" / "train"
+    objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # as the trainer counts them
+    step = training_batch(probe, imgsz, batch, objects=objects)
+    peak = measure_peak(probe, step)[0]
+    fixed = step_bytes(probe, imgsz, batch, objects=objects) - peak
+    return f"{int((fixed + 0.8 * peak) / 0.6)}B"
+
+
 @pytest.fixture(scope="module")
 def gloo_runs(detect_data, tmp_path_factory):
-    """Plain and checkpointed two-process DDP through Ultralytics' launcher, same arguments."""
+    """Plain, checkpointed and ``auto`` two-process DDP through Ultralytics' launcher, same arguments."""
     project = tmp_path_factory.mktemp("ddp")
     runs = {}
-    for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES})):
+    auto = {"checkpoint_stages": "auto", "memory_budget": auto_budget(detect_data, 160, TRAIN_ARGS["batch"] // 2)}
+    for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES}),
+                                 ("auto", CkptGloo, auto)):
         model = ultralytics.YOLO("yolo11n.yaml")
         add_counting(model)
         model.train(trainer=trainer, data=detect_data, project=str(project), name=name, **{
@@ -70,6 +89,19 @@ def test_two_process_ddp_matches_plain_ddp(gloo_runs):
     for rank in (0, 1):  # each worker recomputed the checkpointed stages
         assert_recomputed(forward_counts(gloo_runs["vanilla"], rank), forward_counts(gloo_runs["ckpt"], rank), LAYERS)
     assert_same_run(gloo_runs["vanilla"], gloo_runs["ckpt"], ranks=(0, 1))
+
+
+def test_two_process_ddp_auto_chooses_one_plan_per_rank_and_matches_plain_ddp(gloo_runs):
+    """Each rank plans for its own share of the batch; with memory_budget both choose the same plan, record it, and
+    train as plain DDP."""
+    chosen = yaml.safe_load((gloo_runs["auto"] / "args.yaml").read_text())
+    assert chosen["checkpoint_stages"] != "auto" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
+    plan = CheckpointPlan.from_spec(DetectionModel("yolo11n.yaml", verbose=False), chosen["checkpoint_stages"],
+                                    chosen["checkpoint_layers"] or None)
+    layers = {i for r in plan.regions for i in r.layers}
+    for rank in (0, 1):  # rank 1 wrote nothing: its counts show it installed the plan rank 0 recorded
+        assert_recomputed(forward_counts(gloo_runs["vanilla"], rank), forward_counts(gloo_runs["auto"], rank), layers)
+    assert_same_run(gloo_runs["vanilla"], gloo_runs["auto"], ranks=(0, 1))
 
 
 def test_our_callbacks_are_registered_once_however_the_trainer_is_built(detect_data, tmp_path):

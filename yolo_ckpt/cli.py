@@ -158,6 +158,7 @@ def profile(args: list[str]) -> list[Path]:
     from ultralytics.utils.torch_utils import select_device
 
     from .profiler import build_model, compare_plans, profile_stages, standard_plans, write_profile
+    from .tradeoff import tradeoffs
     from .trainer import DEFAULT_CFG_DICT_CKPT
 
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
@@ -168,7 +169,8 @@ def profile(args: list[str]) -> list[Path]:
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     stages = profile_stages(model, cfg.imgsz, batch, progress=True)
     plans = compare_plans(model, cfg.imgsz, batch, standard_plans(model), progress=True)
-    extra = tradeoffs(model, cfg, batch)
+    fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
+    extra = tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction)
     LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
     front = [r for r in extra["candidates"] if r["pareto"]]
     for rows in (stages, plans, front, extra["untouchable"]):
@@ -180,30 +182,3 @@ def profile(args: list[str]) -> list[Path]:
     paths = write_profile(get_save_dir(cfg), stages, plans, extra)
     LOGGER.info(f"{colorstr('profile:')} results saved to {paths[0].parent}")
     return paths
-
-
-def tradeoffs(model, cfg: SimpleNamespace, batch: int) -> dict:
-    """Every candidate plan with its Pareto flag; with ``memory_budget``, auto's choice and the largest imgsz each
-    Pareto plan (and vanilla) fits at this batch; the memory no plan changes."""
-    from .autobatch import parse_memory
-    from .planner import choose_plan, describe
-    from .tradeoff import largest_imgsz, measure_candidates, untouchable
-
-    rows = measure_candidates(model, cfg.imgsz, batch)
-    notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
-    if cfg.memory_budget is not None:
-        fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
-        target = int(fraction * parse_memory(cfg.memory_budget))
-        try:
-            c = choose_plan(model, cfg.imgsz, batch, target).candidate
-            chosen = next(r for r in rows if r["plan"] == describe(c) and r["checkpoint_mode"] == c.mode)
-            chosen["auto"] = True
-            notes.append(f"checkpoint_stages=auto chooses {chosen['plan']} for {fraction:.0%} of "
-                         f"memory_budget={cfg.memory_budget} at imgsz={cfg.imgsz} batch={batch}")
-        except ValueError as e:
-            notes.append(str(e))
-        for r in rows:
-            if r["pareto"] or r is rows[0]:  # vanilla too, for comparison
-                r["largest_imgsz"] = largest_imgsz(model, r, batch, target, cfg.imgsz)
-                notes.append(f"{r['plan']}: imgsz up to {r['largest_imgsz']} at batch {batch} (predicted)")
-    return {"candidates": rows, "untouchable": untouchable(model, cfg.imgsz, batch), "notes": notes, "chosen": chosen}

@@ -29,12 +29,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from .autobatch import BatchPlan, plan_batch, step_bytes
 from .memory import LiveTensorTracker
 from .model import disable_checkpointing
-from .profiler import _loss, measure_peak, training_batch, with_plan
+from .profiler import _loss, measure_peak, step_flops, training_batch, with_plan
 from .recompute import MODES
 from .stages import CheckpointPlan, model_stages
 
@@ -78,6 +77,11 @@ class Candidate:
         """The ``CheckpointPlan`` of this candidate on ``model``."""
         s = self.settings
         return CheckpointPlan.from_spec(model, s["checkpoint_stages"], s["checkpoint_layers"])
+
+    def installed(self, model: nn.Module) -> nn.Module:
+        """A copy of ``model`` with this plan installed (the caller disables it when done)."""
+        s = self.settings
+        return with_plan(model, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"] or None)
 
 
 @dataclass
@@ -124,19 +128,6 @@ def describe(c: Candidate) -> str:
     stages = [u for u in c.units if u != HEAD]
     parts = ([f"stages {stages}"] if stages else []) + (["head"] if HEAD in c.units else [])
     return " + ".join(parts) + (f" {c.mode}" if c.mode == "selective" else "") if parts else "none"
-
-
-def _with(model: nn.Module, units: tuple, mode: str) -> nn.Module:
-    """A copy of ``model`` with ``units`` recomputed in ``mode`` (the caller disables it when done)."""
-    return with_plan(model, [u for u in units if u != HEAD], mode, HEAD if HEAD in units else None)
-
-
-def _flops(model: nn.Module, batch: dict, amp: torch.dtype | None) -> int:
-    model.zero_grad(set_to_none=True)
-    with FlopCounterMode(display=False) as counter:
-        _loss(model, batch, amp).backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
 
 
 def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | None = None) -> tuple[int, ...]:
@@ -211,10 +202,10 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     units = [*sorted(stages), HEAD]
     costs = {}
     for unit, mode in [(None, "full"), *itertools.product(units, MODES)]:
-        m = _with(model, (unit,) if unit is not None else (), mode)
+        m = Candidate((unit,) if unit is not None else (), mode, 0, 0).installed(model)
         last = stages[unit][-1] if isinstance(unit, int) else None  # the head: its backward starts the step's
         try:
-            costs[(unit, mode)] = (*_phases(m, data, amp, last), _flops(m, data, amp))
+            costs[(unit, mode)] = (*_phases(m, data, amp, last), step_flops(m, data, amp))
         finally:
             disable_checkpointing(m)
             del m
@@ -255,7 +246,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     costs = costs or unit_costs(model, imgsz, objects, amp)
     measured = {} if measured is None else measured
     if (None, batch) not in measured:
-        plain = _with(model, (), "full")  # steps move BatchNorm statistics: never run the model itself
+        plain = with_plan(model, [])  # steps move BatchNorm statistics: never run the model itself
         try:
             vanilla = step_bytes(plain, imgsz, batch, objects, amp)
             measured[None, batch] = vanilla, vanilla - measure_peak(plain, training_batch(plain, imgsz, batch,
@@ -271,7 +262,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
 
     def measure(c: Candidate) -> int:
         if (key := (c.units, c.mode, batch)) not in measured:
-            m = _with(model, c.units, c.mode)
+            m = c.installed(model)
             try:
                 measured[key] = step_bytes(m, imgsz, batch, objects, amp)
             finally:
@@ -310,7 +301,7 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     near = [c for c in ranked if c.predicted_bytes <= ranked[0].predicted_bytes * (1 + MARGIN)][:MAX_MEASURED]
 
     def largest(c: Candidate) -> BatchPlan:
-        m = _with(model, c.units, c.mode)
+        m = c.installed(model)
         try:
             return plan_batch(m, imgsz=imgsz, budget=budget, fraction=fraction, objects=objects, amp=amp)
         finally:
@@ -324,7 +315,7 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
                          f"imgsz {imgsz} with {describe(near[0])}") from None
     sizes = {}  # the plans predicted to keep about the least, measured at that batch: the least sets the batch
     for c in near:
-        m = _with(model, c.units, c.mode)
+        m = c.installed(model)
         try:
             sizes[c] = step_bytes(m, imgsz, first.batch, objects, amp)
         finally:

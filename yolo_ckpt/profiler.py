@@ -125,21 +125,30 @@ def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None) 
 
 
 def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dtype | None = None) -> Step:
-    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time (see ``measure_peak``).
-
-    FLOPs are counted in a separate step: ``FlopCounterMode`` keeps tensors alive that checkpointing frees.
-    """
+    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time (see ``measure_peak``
+    and ``step_flops``)."""
     peak, saved = measure_peak(model, batch, amp)
-    with FlopCounterMode(display=False) as counter:
-        _loss(model, batch, amp).backward()
-    model.zero_grad(set_to_none=True)
+    flops = step_flops(model, batch, amp)
     cuda = batch["img"].is_cuda and repeats > 0
     if cuda:  # the allocator's own peak over the timed steps, for comparison with the exact tracker
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     seconds = time_steps([model], batch, repeats, amp)[0]
     cuda_peak = torch.cuda.max_memory_allocated() if cuda else None
-    return Step(peak, counter.get_total_flops(), seconds, saved, cuda_peak)
+    return Step(peak, flops, seconds, saved, cuda_peak)
+
+
+def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> int:
+    """Convolution/matmul FLOPs of one training step, recompute included (``FlopCounterMode``).
+
+    Counted in a step of its own: the counter keeps tensors alive that checkpointing frees, so memory is measured
+    without it.
+    """
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        _loss(model, batch, amp).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
 
 
 def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None) -> nn.Module:
@@ -286,7 +295,7 @@ def standard_plans(model: nn.Module) -> dict[str, Any]:
 
 def write_profile(save_dir: Path, stages: list[dict], plans: list[dict], extra: dict | None = None) -> list[Path]:
     """Write profile.json, plans.csv, stages.csv and a PNG of memory versus time; with ``extra``
-    (``yolo_ckpt.cli.tradeoffs``) also candidates.csv, untouchable.csv and pareto.png; return the paths."""
+    (``yolo_ckpt.tradeoff.tradeoffs``) also candidates.csv, untouchable.csv and pareto.png; return the paths."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -20,10 +20,10 @@ import math
 import torch
 from torch import nn
 
-from .autobatch import state_bytes, step_bytes
+from .autobatch import parse_memory, state_bytes, step_bytes
 from .model import disable_checkpointing
-from .planner import Candidate, _flops, _with, candidates, describe, unit_costs
-from .profiler import measure_peak, time_steps, training_batch, with_plan
+from .planner import Candidate, candidates, choose_plan, describe, unit_costs
+from .profiler import measure_peak, step_flops, time_steps, training_batch, with_plan
 
 
 def _row(c: Candidate | None, nbytes: int, flops: int, base: tuple[int, int]) -> dict:
@@ -60,14 +60,14 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     """
     costs = unit_costs(model, imgsz, amp=amp)
     data = training_batch(model, imgsz, batch)
-    plain = _with(model, (), "full")
-    base = (step_bytes(plain, imgsz, batch, amp=amp), _flops(plain, data, amp))
+    plain = with_plan(model, [])
+    base = (step_bytes(plain, imgsz, batch, amp=amp), step_flops(plain, data, amp))
     fixed = base[0] - measure_peak(plain, data, amp)[0]
     rows = [_row(None, *base, base)]
     for c in candidates(costs, batch, fixed):
-        m = _with(model, c.units, c.mode)
+        m = c.installed(model)
         try:
-            rows.append(_row(c, step_bytes(m, imgsz, batch, amp=amp), _flops(m, data, amp), base))
+            rows.append(_row(c, step_bytes(m, imgsz, batch, amp=amp), step_flops(m, data, amp), base))
         finally:
             disable_checkpointing(m)
             del m
@@ -105,6 +105,35 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     return int(math.sqrt((target - static - a) / b)) // stride * stride
 
 
+def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int | None = None,
+              fraction: float = 0.6) -> dict:
+    """What ``yolo-ckpt profile`` reports beyond its fixed plans: every candidate plan with its Pareto flag; with
+    ``memory_budget``, auto's choice for ``fraction`` of it and the largest imgsz each Pareto plan (and vanilla) fits
+    at this batch; the memory no plan changes.
+
+    Returns:
+        (dict): ``candidates`` (rows of ``measure_candidates``), ``untouchable``, ``notes`` (lines for the log) and
+        ``chosen`` (auto's row, or ``None``).
+    """
+    rows = measure_candidates(model, imgsz, batch)
+    notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
+    if memory_budget is not None:
+        target = int(fraction * parse_memory(memory_budget))
+        try:
+            c = choose_plan(model, imgsz, batch, target).candidate
+            chosen = next(r for r in rows if r["plan"] == describe(c) and r["checkpoint_mode"] == c.mode)
+            chosen["auto"] = True
+            notes.append(f"checkpoint_stages=auto chooses {chosen['plan']} for {fraction:.0%} of "
+                         f"memory_budget={memory_budget} at imgsz={imgsz} batch={batch}")
+        except ValueError as e:
+            notes.append(str(e))
+        for r in rows:
+            if r["pareto"] or r is rows[0]:  # vanilla too, for comparison
+                r["largest_imgsz"] = largest_imgsz(model, r, batch, target, imgsz)
+                notes.append(f"{r['plan']}: imgsz up to {r['largest_imgsz']} at batch {batch} (predicted)")
+    return {"candidates": rows, "untouchable": untouchable(model, imgsz, batch), "notes": notes, "chosen": chosen}
+
+
 def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ...] = (10, 50, 200),
                 amp: torch.dtype | None = None) -> list[dict]:
     """Memory no checkpoint plan changes: model state (weights, gradients, EMA, two AdamW moments) and the loss with
@@ -116,7 +145,7 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
     rows = [{"what": "weights", "MiB": weights / 2**20}, {"what": "gradients", "MiB": grads / 2**20},
             {"what": "EMA copy", "MiB": weights / 2**20},
             {"what": "optimizer (AdamW, 2 moments)", "MiB": 2 * grads / 2**20}]
-    plain = _with(model, (), "full")
+    plain = with_plan(model, [])
     try:
         for n in objects:
             data = training_batch(plain, imgsz, batch, n)
