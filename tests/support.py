@@ -19,13 +19,17 @@ import torch.distributed as dist
 import ultralytics
 import ultralytics.engine.validator
 from torch.nn.parallel import DistributedDataParallel
+from ultralytics.cfg import get_cfg
 from ultralytics.models import yolo
 from ultralytics.nn.autobackend import AutoBackend
+from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import LOCAL_RANK, RANK
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer
+from yolo_ckpt.autobatch import step_bytes
+from yolo_ckpt.profiler import measure_peak, training_batch
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
 # A small YOLO11-style detector: four stages, seconds to train or compile on CPU.
@@ -260,6 +264,18 @@ class CkptGloo(GlooDDP, DetectionTrainer):
 
 
 # ---------------------------------------------------------------------------------- training pairs
+def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> str:
+    """A ``memory_budget`` whose 60% (auto's share) is ``share`` of a vanilla step at this batch, on top of the model
+    state and the batch; below 1 vanilla does not fit. Steps carry the dataset's objects as the trainer counts them."""
+    probe = DetectionModel(model, verbose=False).train()
+    probe.args = get_cfg()  # the loss reads its hyperparameters here
+    labels = Path(data).parent / "labels" / "train"
+    objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # mosaic, as the trainer counts
+    peak = measure_peak(probe, training_batch(probe, imgsz, batch, objects=objects))[0]
+    fixed = step_bytes(probe, imgsz, batch, objects=objects) - peak
+    return f"{int((fixed + share * peak) / 0.6)}B"
+
+
 def train_pair(model: str, stages, data: str, project: Path, mode: str = "full", layers=None, ours: dict | None = None,
                **kw) -> tuple[Path, Path]:
     """Train vanilla Ultralytics and yolo_ckpt with the same arguments (``ours``: more of our keys), counting layer

@@ -13,18 +13,24 @@ from pathlib import Path
 import pytest
 import ultralytics
 import yaml
-from ultralytics.cfg import get_cfg
 from ultralytics.models import yolo
 from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import DEFAULT_CFG_DICT
 from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
 
 from yolo_ckpt import CheckpointPlan, DetectionTrainer
-from yolo_ckpt.autobatch import step_bytes
 from yolo_ckpt.epoch_memory import CALLBACKS
-from yolo_ckpt.profiler import measure_peak, training_batch
 
-from support import TRAIN_ARGS, CkptGloo, VanillaGloo, add_counting, assert_recomputed, assert_same_run, forward_counts
+from support import (
+    TRAIN_ARGS,
+    CkptGloo,
+    VanillaGloo,
+    add_counting,
+    assert_recomputed,
+    assert_same_run,
+    auto_budget,
+    forward_counts,
+)
 
 STAGES, LAYERS = [2, 3], {1, 2, 3, 4}  # yolo11n: stage 2 = layers 1-2, stage 3 = layers 3-4
 
@@ -57,24 +63,13 @@ def test_worker_file_trains_like_ultralytics(detect_data, tmp_path):
     assert_same_run(vanilla, ckpt)  # memory measured in each epoch too: our callbacks ran in the worker
 
 
-def auto_budget(data: str, imgsz: int, batch: int) -> str:
-    """A ``memory_budget`` whose 60% share is 0.8 of a vanilla step at this per-rank batch: vanilla does not fit."""
-    probe = DetectionModel("yolo11n.yaml", verbose=False).train()
-    probe.args = get_cfg()
-    labels = Path(data).parent / "labels" / "train"
-    objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # as the trainer counts them
-    step = training_batch(probe, imgsz, batch, objects=objects)
-    peak = measure_peak(probe, step)[0]
-    fixed = step_bytes(probe, imgsz, batch, objects=objects) - peak
-    return f"{int((fixed + 0.8 * peak) / 0.6)}B"
-
-
 @pytest.fixture(scope="module")
 def gloo_runs(detect_data, tmp_path_factory):
     """Plain, checkpointed and ``auto`` two-process DDP through Ultralytics' launcher, same arguments."""
     project = tmp_path_factory.mktemp("ddp")
     runs = {}
-    auto = {"checkpoint_stages": "auto", "memory_budget": auto_budget(detect_data, 160, TRAIN_ARGS["batch"] // 2)}
+    budget = auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"] // 2, 0.8)  # per rank: vanilla won't fit
+    auto = {"checkpoint_stages": "auto", "memory_budget": budget}
     for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES}),
                                  ("auto", CkptGloo, auto)):
         model = ultralytics.YOLO("yolo11n.yaml")

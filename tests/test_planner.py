@@ -19,7 +19,7 @@ from yolo_ckpt.profiler import _loss, measure_peak, training_batch, with_plan
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.trainer import check_settings, saved_settings
 
-from support import SMALL, assert_same_training, train_pair
+from support import SMALL, assert_same_training, auto_budget, train_pair
 
 IMGSZ, BATCH = 128, 2
 
@@ -93,15 +93,9 @@ def test_auto_trains_like_vanilla_and_is_recorded(detect_data, tmp_path):
     """A fixed batch with memory_budget: the chosen plan trains bit for bit like vanilla, recomputes, is recorded in
     args.yaml and in last.pt, from which `yolo-ckpt train resume` restores it."""
     model, imgsz = "yolov8n.yaml", 160
-    probe = DetectionModel(model, verbose=False).train()
-    probe.args = get_cfg()
-    labels = Path(detect_data).parent / "labels" / "train"
-    objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # as the trainer counts them
-    data = training_batch(probe, imgsz, 4, objects=objects)
-    fixed = step_bytes(probe, imgsz, 4, objects=objects) - measure_peak(probe, data)[0]
-    budget = (fixed + 0.7 * measure_peak(probe, data)[0]) / 0.6  # a share that vanilla does not fit
+    budget = auto_budget(model, detect_data, imgsz, 4, 0.7)  # a share that vanilla does not fit
     vanilla, ckpt = train_pair(model, "auto", detect_data, tmp_path, epochs=1, imgsz=imgsz,
-                               ours={"memory_budget": f"{int(budget)}B"})
+                               ours={"memory_budget": budget})
     chosen = yaml.safe_load((Path(ckpt) / "args.yaml").read_text())
     assert chosen["checkpoint_stages"] != "auto" and chosen["checkpoint_mode"] in {"full", "selective"}
     assert chosen["checkpoint_stages"] or chosen["checkpoint_layers"]

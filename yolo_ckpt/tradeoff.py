@@ -22,7 +22,7 @@ from torch import nn
 
 from .autobatch import parse_memory, state_bytes, step_bytes
 from .model import disable_checkpointing
-from .planner import Candidate, candidates, choose_plan, describe, unit_costs
+from .planner import Candidate, Costs, candidates, choose_plan, describe, unit_costs
 from .profiler import measure_peak, step_flops, time_steps, training_batch, with_plan
 
 
@@ -50,24 +50,30 @@ def pareto(rows: list[dict]) -> list[dict]:
 
 
 def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None = None,
-                       repeats: int = 1) -> list[dict]:
+                       repeats: int = 1, costs: Costs | None = None, measured: dict | None = None) -> list[dict]:
     """Every candidate plan of ``checkpoint_stages=auto`` measured at ``batch`` and ``imgsz`` on copies of the model.
+
+    ``costs`` are the model's ``unit_costs`` when already measured; ``measured`` is filled as ``choose_plan`` fills
+    it, so that choosing afterwards measures nothing again.
 
     Returns:
         (list[dict]): One row per plan, vanilla first: settings, step bytes (model state, batch and exact step peak,
         as planning counts them), ratios to vanilla of the step bytes and of FLOPs (both measured), the predicted
         bytes, the Pareto flag, and for Pareto plans the measured step time ratio (median of ``repeats``).
     """
-    costs = unit_costs(model, imgsz, amp=amp)
+    costs = costs or unit_costs(model, imgsz, amp=amp)
+    measured = {} if measured is None else measured
     data = training_batch(model, imgsz, batch)
     plain = with_plan(model, [])
     base = (step_bytes(plain, imgsz, batch, amp=amp), step_flops(plain, data, amp))
     fixed = base[0] - measure_peak(plain, data, amp)[0]
+    measured[None, batch] = base[0], fixed
     rows = [_row(None, *base, base)]
     for c in candidates(costs, batch, fixed):
         m = c.installed(model)
         try:
-            rows.append(_row(c, step_bytes(m, imgsz, batch, amp=amp), step_flops(m, data, amp), base))
+            measured[c.units, c.mode, batch] = step_bytes(m, imgsz, batch, amp=amp)
+            rows.append(_row(c, measured[c.units, c.mode, batch], step_flops(m, data, amp), base))
         finally:
             disable_checkpointing(m)
             del m
@@ -115,12 +121,13 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
         (dict): ``candidates`` (rows of ``measure_candidates``), ``untouchable``, ``notes`` (lines for the log) and
         ``chosen`` (auto's row, or ``None``).
     """
-    rows = measure_candidates(model, imgsz, batch)
+    costs, measured = unit_costs(model, imgsz), {}
+    rows = measure_candidates(model, imgsz, batch, costs=costs, measured=measured)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
     if memory_budget is not None:
         target = int(fraction * parse_memory(memory_budget))
         try:
-            c = choose_plan(model, imgsz, batch, target).candidate
+            c = choose_plan(model, imgsz, batch, target, costs=costs, measured=measured).candidate  # no new steps
             chosen = next(r for r in rows if r["plan"] == describe(c) and r["checkpoint_mode"] == c.mode)
             chosen["auto"] = True
             notes.append(f"checkpoint_stages=auto chooses {chosen['plan']} for {fraction:.0%} of "
