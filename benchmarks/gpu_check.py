@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from yolo_ckpt.autobatch import plan_batch  # noqa: E402
-from yolo_ckpt.profiler import build_model, training_batch, with_plan  # noqa: E402
+from yolo_ckpt.measure import build_model, training_batch, with_plan  # noqa: E402
 
 from memory_table import table  # noqa: E402
 

@@ -18,9 +18,9 @@ import argparse
 
 import torch
 
-from yolo_ckpt.autobatch import step_bytes
+from yolo_ckpt.measure import build_model, measure_peak, step_bytes, training_batch
 from yolo_ckpt.planner import choose_plan, describe, unit_costs
-from yolo_ckpt.profiler import build_model, compare_plans, measure_peak, training_batch
+from yolo_ckpt.profiler import compare_plans
 from yolo_ckpt.stages import CheckpointPlan
 
 PLANS = {"none": [], "[2,3]": [2, 3], "all": "all", "[2,3] selective": ([2, 3], "selective"),
@@ -35,7 +35,7 @@ def auto_plans(model, imgsz: int, batch: int, amp, shares: list[float]) -> dict:
     which no plan changes): the plans it chooses, named ``auto 50%: stages [...]``."""
     costs = unit_costs(model, imgsz, amp=amp)
     data = training_batch(model, imgsz, batch)
-    peak = measure_peak(model, data, amp)[0]
+    peak = measure_peak(model, data, amp).peak
     fixed = step_bytes(model, imgsz, batch, amp=amp) - peak
     measured = {(None, batch): (fixed + peak, fixed)}  # each plan is measured once for all shares
     plans = {}

@@ -12,8 +12,8 @@ Usage:
 
 import argparse
 
+from yolo_ckpt.measure import build_model, training_batch, with_plan
 from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.profiler import build_model, training_batch, with_plan
 from yolo_ckpt.stages import CheckpointPlan, model_stages
 
 

@@ -28,8 +28,7 @@ from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer
-from yolo_ckpt.autobatch import step_bytes
-from yolo_ckpt.profiler import measure_peak, training_batch
+from yolo_ckpt.measure import measure_peak, step_bytes, training_batch
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
 # A small YOLO11-style detector: four stages, seconds to train or compile on CPU.
@@ -271,7 +270,7 @@ def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> 
     probe.args = get_cfg()  # the loss reads its hyperparameters here
     labels = Path(data).parent / "labels" / "train"
     objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # mosaic, as the trainer counts
-    peak = measure_peak(probe, training_batch(probe, imgsz, batch, objects=objects))[0]
+    peak = measure_peak(probe, training_batch(probe, imgsz, batch, objects=objects)).peak
     fixed = step_bytes(probe, imgsz, batch, objects=objects) - peak
     return f"{int((fixed + share * peak) / 0.6)}B"
 

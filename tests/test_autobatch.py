@@ -8,9 +8,9 @@ from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO, CheckpointConfigError, DetectionTrainer, checkpoint_plan
-from yolo_ckpt.autobatch import parse_memory, plan_batch, state_bytes
+from yolo_ckpt.autobatch import parse_memory, plan_batch
+from yolo_ckpt.measure import build_model, state_bytes, training_batch, with_plan
 from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.profiler import build_model, training_batch, with_plan
 
 from support import TRAIN_ARGS, results
 

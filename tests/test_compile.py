@@ -27,7 +27,7 @@ from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
 from yolo_ckpt import TRAINERS, CheckpointPlan, enable_checkpointing
-from yolo_ckpt.profiler import training_batch
+from yolo_ckpt.measure import training_batch
 
 from support import TINY, TRAIN_ARGS, assert_same_run, dump_training, results
 

@@ -12,10 +12,10 @@ from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils.patches import torch_load
 
-from yolo_ckpt.autobatch import plan_batch, step_bytes
+from yolo_ckpt.autobatch import plan_batch
+from yolo_ckpt.measure import measure_peak, step_bytes, step_loss, training_batch, with_plan
 from yolo_ckpt.model import disable_checkpointing
-from yolo_ckpt.planner import candidates, choose_plan, choose_plan_and_batch, unit_costs
-from yolo_ckpt.profiler import _loss, measure_peak, training_batch, with_plan
+from yolo_ckpt.planner import NothingFits, candidates, choose_plan, choose_plan_and_batch, unit_costs
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.trainer import check_settings, saved_settings
 
@@ -36,16 +36,16 @@ def exhaustive(small):
     """Every candidate measured independently: step bytes as planning counts them, and FLOPs counted."""
     costs = unit_costs(small, IMGSZ)
     data = training_batch(small, IMGSZ, BATCH)
-    fixed = step_bytes(small, IMGSZ, BATCH) - measure_peak(small, data)[0]  # model state and the batch
+    fixed = step_bytes(small, IMGSZ, BATCH) - measure_peak(small, data).peak  # model state and the batch
     rows = []
     for c in candidates(costs, BATCH, 0):
         s = c.settings
         m = with_plan(small, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
         with FlopCounterMode(display=False) as counter:
-            _loss(m, data).backward()
+            step_loss(m, data).backward()
         rows.append((c, step_bytes(m, IMGSZ, BATCH), counter.get_total_flops()))
         disable_checkpointing(m)
-    return costs, fixed, measure_peak(small, data)[0], rows
+    return costs, fixed, measure_peak(small, data).peak, rows
 
 
 @pytest.mark.parametrize("share", [0.5, 0.6, 0.7, 0.8, 0.9])
@@ -63,10 +63,14 @@ def test_auto_fits_and_is_the_cheapest_fitting_plan(small, exhaustive, share):
 
 
 def test_nothing_fits_says_what_would(small, exhaustive):
+    """The figure is a bound (from a batch-1 step: a probe never passes the share, so no failing step is measured),
+    at least what the plan that keeps the least measures, and a target of that size fits a plan."""
     costs, fixed, peak, rows = exhaustive
     least = min(nbytes for _, nbytes, _ in rows)
-    with pytest.raises(ValueError, match=rf"nothing fits .* needs {least / 2**30:.3f} GB$"):  # the least kept
+    with pytest.raises(NothingFits, match=r"nothing fits .* needs at most [0-9.]+ GB$") as e:
         choose_plan(small, IMGSZ, BATCH, least - 1, costs=costs)
+    assert e.value.needed >= least
+    assert choose_plan(small, IMGSZ, BATCH, e.value.needed, costs=costs).measured_bytes <= e.value.needed
 
 
 def test_autobatch_auto_gives_the_largest_batch_any_plan_allows(small, exhaustive):
@@ -82,8 +86,12 @@ def test_autobatch_auto_gives_the_largest_batch_any_plan_allows(small, exhaustiv
 
 def test_auto_settings_are_checked_before_any_work(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    with pytest.raises(CheckpointConfigError, match="needs a memory target: memory_budget=24GB .* or a CUDA device"):
+    with pytest.raises(CheckpointConfigError, match="needs a memory target: memory_budget=24GB .* a CUDA device"):
         check_settings("yolo11n.yaml", {"checkpoint_stages": "auto"})
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the training device decides, not the machine
+    with pytest.raises(CheckpointConfigError, match="needs a memory target"):
+        check_settings("yolo11n.yaml", {"checkpoint_stages": "auto", "device": "cpu"})
+    check_settings("yolo11n.yaml", {"checkpoint_stages": "auto", "device": "cpu", "simulate_gpu": "1GB"})
     with pytest.raises(CheckpointConfigError, match="chooses the layers and the mode itself. Valid: \\[\\]"):
         check_settings("yolo11n.yaml", {"checkpoint_stages": "auto", "checkpoint_layers": "head"})
     check_settings("yolo11n.yaml", {"checkpoint_stages": "auto", "memory_budget": "2GB"})

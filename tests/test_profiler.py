@@ -9,7 +9,8 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from yolo_ckpt.profiler import build_model, compare_plans, profile_stages, standard_plans, training_batch
+from yolo_ckpt.measure import build_model, training_batch
+from yolo_ckpt.profiler import compare_plans, profile_stages, standard_plans
 
 from support import SMALL
 

@@ -6,8 +6,7 @@ import pytest
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
-from yolo_ckpt.autobatch import state_bytes, step_bytes
-from yolo_ckpt.profiler import with_plan
+from yolo_ckpt.measure import state_bytes, step_bytes, with_plan
 from yolo_ckpt.tradeoff import largest_imgsz, measure_candidates, untouchable
 
 from support import SMALL

@@ -3,24 +3,24 @@
 ``batch=-1`` (60%) or ``batch=0.x`` asks for the largest batch using that fraction of memory. On CUDA without
 ``memory_budget``, Ultralytics' own ``check_train_batch_size`` profiles a copy of the model — the checkpointed one, so
 the recompute is what it measures. With ``memory_budget`` (say ``24GB``, the GPU you plan for), ``plan_batch`` works
-on any device from exact tensor accounting of real training steps:
+on any device from exact tensor accounting of real training steps (``yolo_ckpt.measure``):
 
     memory(b) = model state + batch(b) + step peak(b)
 
-Model state is the weights, their EMA copy and two optimizer moments (AdamW; SGD needs one): the tensors a training
-step finds alive; the batch is the images and labels on the device. The step peak is exact (``LiveTensorTracker``):
-activations, gradients, loss, with the forward under the run's autocast dtype (fp16/bf16 on CUDA), as Ultralytics'
-loop runs it.
+**The bound every probe obeys.** A step's memory is ``a·b + c`` with ``c >= 0`` (what does not grow with the batch,
+such as the weights' gradients), so the memory per image can only fall as the batch grows: a step measured at ``b``
+bounds every larger batch by ``b' / b`` times itself (beyond the model state). ``plan_batch`` measures batch 1, jumps
+to the largest batch that bound admits within what a probe may use (``ProbeRoom``: the share of the budget, and what
+the device has free), measures it, and repeats until the batch stops growing (two to four steps). Each probe also
+runs under that limit (``measure.probe_step``), so that a step that is not ``a·b + c`` after all stops at the limit
+("does not fit") instead of passing it.
 
-A step's memory is ``a·b + c`` with ``c >= 0`` (what does not grow with the batch, such as the weights' gradients), so
-the memory per image can only fall as the batch grows: a step measured at ``b`` bounds every larger batch by
-``b' / b`` times itself. ``plan_batch`` measures batch 1, jumps to the largest batch that bound allows, measures it,
-and repeats until the batch stops growing (two to four steps). Every measured step fits by that bound, so planning
-stays inside the share it plans for; only memory is measured (no FLOP counting, which keeps checkpointed activations
-alive); and the caller plans on one copy of the model at a time, which ``state_bytes`` covers.
+**A budget bigger than the device.** When ``memory_budget`` exceeds what the device can hold, the probes stop at the
+device and the batch is extrapolated along the line through the two largest measured batches (memory is linear in the
+batch), and ``BatchPlan.extrapolated`` says so.
 
 Example:
-    >>> from yolo_ckpt.profiler import build_model
+    >>> from yolo_ckpt.measure import build_model
     >>> plan_batch(build_model("yolo11n.yaml"), imgsz=320, budget=parse_memory("1GB"), fraction=0.6).batch
     9
 """
@@ -28,12 +28,13 @@ Example:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .profiler import measure_peak, training_batch
+from .device import device_memory
+from .measure import probe_step, state_bytes
 
 _UNITS = {"": 2**30, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
           "tb": 2**40, "tib": 2**40}
@@ -53,18 +54,39 @@ def parse_memory(value: str | float | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def state_bytes(model: nn.Module) -> int:
-    """Bytes of the tensors a training step finds alive: weights + EMA copy + two optimizer moments."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    return 2 * weights + 2 * params
+def probe_room(model: nn.Module, target: int) -> ProbeRoom:
+    """What a probe step on ``model`` (a planning copy, already on its device) may reach now: ``target`` step bytes,
+    and what the device has free (``device.device_memory``) plus the model state that step bytes count but a probe
+    does not allocate (the copy's weights are resident already, EMA and moments do not exist yet)."""
+    dev = device_memory(next(model.parameters()).device)
+    room = None if dev is None else dev.tensor_bytes(dev.free) + state_bytes(model)
+    return ProbeRoom(target, room)
 
 
-def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = 50, amp: torch.dtype | None = None) -> int:
-    """Memory of a training step as planning counts it: model state, the batch on the device, the exact step peak."""
-    data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
-    inputs = sum(t.untyped_storage().nbytes() for t in data.values())
-    return state_bytes(model) + inputs + measure_peak(model, data, amp)[0]
+@dataclass(frozen=True)
+class ProbeRoom:
+    """The most a probe step may reach, in step bytes (``measure.step_bytes``).
+
+    A probe stops at the first allocation that would pass the limit, which is never counted: the step's own count
+    stays within it. (A tracker outside the probe sees that one allocation until it is released, and only for a
+    probe that does not fit.)
+
+    Attributes:
+        target (int): The share it must fit.
+        device (int | None): What the device can hold for it now (``None``: no limit).
+    """
+
+    target: int
+    device: int | None
+
+    @property
+    def limit(self) -> int:
+        """The smaller of share and device."""
+        return self.target if self.device is None else min(self.target, self.device)
+
+    def bounded(self, batch: int, measured: int, static: int, cap: int) -> int:
+        """The largest batch up to ``cap`` whose bound from a step of ``measured`` bytes at ``batch`` fits the limit."""
+        return min(max(int((self.limit - static) * batch // (measured - static)), 0), cap)
 
 
 @dataclass
@@ -73,13 +95,17 @@ class BatchPlan:
 
     Attributes:
         batch (int): The chosen batch size.
-        measured_bytes (int): Model state, batch and the measured step peak at ``batch``.
+        measured_bytes (int): Model state, batch and the measured step peak at ``batch`` (extrapolated: predicted).
         target_bytes (int): ``fraction * budget``.
+        extrapolated (bool): The device could not hold the target: ``batch`` is extrapolated from measured steps.
+        points (dict[int, int]): Every measured batch and its step bytes.
     """
 
     batch: int
     measured_bytes: int
     target_bytes: int
+    extrapolated: bool = False
+    points: dict = field(default_factory=dict)
 
 
 def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6, max_batch: int = 1024,
@@ -87,7 +113,7 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
     """The largest batch whose measured training step fits ``fraction * budget`` bytes.
 
     Args:
-        model: The model as it will train (with its checkpoint plan installed, or plain).
+        model: The model as it will train (a copy, with its checkpoint plan installed, or plain), on its device.
         imgsz: Training image size.
         budget: Device memory to plan for, in bytes.
         fraction: Share of ``budget`` to use (Ultralytics: 0.6 for ``batch=-1``).
@@ -96,24 +122,26 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
         amp: Autocast dtype the run trains with (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
 
     Raises:
-        ValueError: When not even batch 1 fits.
+        ValueError: When not even batch 1 fits (the share, or the device).
     """
     static, target = state_bytes(model), int(fraction * budget)
-
-    def measured(b: int) -> int:
-        return step_bytes(model, imgsz, b, objects, amp)
-
-    def bound(b: int) -> int:  # the largest batch that fits if the step per image is at most that measured at b
-        return min(int((target - static) * b // (points[b] - static)), max_batch)
-
-    points = {1: measured(1)}
-    if points[1] > target:
-        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {points[1] / 2**30:.3f} GB, "
-                         f"over {target / 2**30:.3f} GB")
-    b = 1
-    while (nxt := bound(b)) > b:  # each step is measured only where the bound says it fits
-        points[nxt] = measured(nxt)
-        if points[nxt] > target:  # the step is not a·b + c with c >= 0 here: keep the largest measured fit
+    room = probe_room(model, target)
+    first = probe_step(model, imgsz, 1, objects, amp, room.limit)
+    if first is None or first.bytes > target:
+        where = "the device" if room.device is not None and room.device < target else f"{target / 2**30:.3f} GB"
+        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} does not fit {where}" +
+                         (f" (needs {first.bytes / 2**30:.3f} GB)" if first else ""))
+    points, b, over = {1: first.bytes}, 1, False
+    while (nxt := room.bounded(b, points[b], static, max_batch)) > b:  # measured only where the bound admits it
+        got = probe_step(model, imgsz, nxt, objects, amp, room.limit)
+        if got is None or got.bytes > target:  # not a·b + c after all: keep the largest measured fit
+            over = got is not None
             break
-        b = nxt
-    return BatchPlan(b, points[b], target)
+        points[nxt], b = got.bytes, nxt
+    unlimited = ProbeRoom(target, None)  # what the share alone would admit beyond the device's stop
+    if over or room.device is None or room.device >= target or unlimited.bounded(b, points[b], static, max_batch) <= b:
+        return BatchPlan(b, points[b], target, False, points)
+    (b1, m1), (b2, m2) = sorted(points.items())[-2:] if len(points) > 1 else ((0, static), (b, points[b]))
+    slope = (m2 - m1) / (b2 - b1)  # the device stopped the probes: extend the measured line to the target
+    batch = max(b, min(int((target - (m2 - slope * b2)) // slope), max_batch))
+    return BatchPlan(batch, int(m2 + slope * (batch - b2)), target, batch > b, points)

@@ -157,7 +157,8 @@ def profile(args: list[str]) -> list[Path]:
     from ultralytics.utils import colorstr
     from ultralytics.utils.torch_utils import select_device
 
-    from .profiler import build_model, compare_plans, profile_stages, standard_plans, write_profile
+    from .measure import build_model
+    from .profiler import compare_plans, profile_stages, standard_plans, write_profile
     from .tradeoff import tradeoffs
     from .trainer import DEFAULT_CFG_DICT_CKPT
 

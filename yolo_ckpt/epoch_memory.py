@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from ultralytics.utils import LOGGER, colorstr
 
+from .device import simulated_device
 from .memory import GB, LiveTensorTracker, cuda_peaks, cuda_reset_peak, reset_rss_peak, rss_peak
 
 SOURCES: dict[str, tuple[tuple[str, ...], str]] = {  # source -> (results.csv columns, what the console line says)
@@ -71,7 +72,9 @@ class EpochPeak:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         self.source = "cuda" if self.device.type == "cuda" else "rss" if compiled else "tensor"
-        self.tracker = LiveTensorTracker() if self.source == "tensor" else None
+        # on a simulated device every tensor of the run is counted already: its own peak is the epoch's
+        self.simulated = simulated_device() if self.source == "tensor" else None
+        self.tracker = LiveTensorTracker() if self.source == "tensor" and self.simulated is None else None
         self._running = False
         self._ops_at_start = 0
         self._rss_ok = False
@@ -84,7 +87,7 @@ class EpochPeak:
     @property
     def description(self) -> str:
         """What the figures are, for the console line."""
-        return SOURCES[self.source][1]
+        return "live tensor bytes on the simulated device (exact, CPU)" if self.simulated else SOURCES[self.source][1]
 
     @property
     def running(self) -> bool:
@@ -97,6 +100,9 @@ class EpochPeak:
             cuda_reset_peak(self.device)
         elif self.source == "rss":
             self._rss_ok = reset_rss_peak()
+        elif self.simulated is not None:
+            self.simulated.reset_peak()
+            self._ops_at_start = self.simulated.num_ops
         else:
             self.tracker.reset_peak()
             self._ops_at_start = self.tracker.num_ops
@@ -108,7 +114,7 @@ class EpochPeak:
         """End the epoch and return its peaks in GB; ``{}`` when not measuring or nothing was measured."""
         if not self._running:
             return {}
-        if self.source == "tensor":
+        if self.tracker is not None:
             self.tracker.__exit__(None, None, None)  # raises (and stays entered) if another mode is on top
         self._running = False
         if self.source == "cuda":
@@ -118,12 +124,13 @@ class EpochPeak:
             peak = rss_peak() if self._rss_ok else None
             values = (peak,) if peak else ()
         else:
-            values = (self.tracker.peak,) if self.tracker.num_ops > self._ops_at_start else ()
+            counter = self.simulated or self.tracker
+            values = (counter.peak,) if counter.num_ops > self._ops_at_start else ()
         return {k: v / GB for k, v in zip(self.keys, values)}
 
     def close(self) -> None:
         """Stop measuring without reporting (training ended, or failed, mid-epoch): no device call that could fail."""
-        if self._running and self.source == "tensor":
+        if self._running and self.tracker is not None:
             self.tracker.__exit__(None, None, None)
         self._running = False
 

@@ -1,11 +1,11 @@
-"""Measure what checkpointing buys: per-stage saved bytes and recompute FLOPs, per-plan peak memory and step time.
+"""Report what checkpointing buys: per-stage saved bytes and recompute FLOPs, per-plan peak memory and step time.
 
 Every figure is measured on a real training step — ``model.loss(batch)`` forward and backward, the step the trainer
 runs — with exact tensor accounting (``LiveTensorTracker``), ``FlopCounterMode`` (convolutions and matmuls, recompute
 included) and wall-clock time, checkpointed and vanilla side by side in one process.
 
 Example:
-    >>> from yolo_ckpt.profiler import build_model, compare_plans
+    >>> from yolo_ckpt.measure import build_model
     >>> model = build_model("yolo11n.yaml")
     >>> rows = compare_plans(model, imgsz=320, batch=2, plans={"none": [], "all": "all"}, repeats=1)
     >>> rows[1]["peak_ratio"] < 0.7
@@ -14,167 +14,17 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
-import statistics
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
-from .memory import LiveTensorTracker
-from .model import enable_checkpointing
+from .measure import measure_step, planned_copy, step_loss, time_steps, training_batch, with_plan
+from .model import disable_checkpointing
 from .stages import CheckpointPlan, model_stages
-
-OBJECTS_PER_IMAGE = 50  # boxes per image in the measured batch; loss memory grows with them
-
-
-def build_model(cfg: str, overrides: dict | None = None) -> nn.Module:
-    """Build the Ultralytics task model for a model YAML (or load a ``.pt``), ready for ``model.loss``."""
-    from ultralytics import YOLO
-    from ultralytics.cfg import get_cfg
-
-    model = YOLO(cfg).model
-    model.args = get_cfg(overrides={"task": getattr(model, "task", None) or "detect", **(overrides or {})})
-    return model.float().train()
-
-
-def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> dict:
-    """A deterministic batch in the format Ultralytics' loss of the model's task expects.
-
-    Args:
-        model: An Ultralytics task model (its class decides the label format).
-        imgsz: Square image side.
-        batch: Images in the batch.
-        objects: Labelled objects per image (detect, segment, pose, obb).
-    """
-    from ultralytics.nn.tasks import ClassificationModel, OBBModel, PoseModel, SegmentationModel
-
-    g = torch.Generator().manual_seed(0)
-    device = next(model.parameters()).device
-    nc = len(model.names) if hasattr(model, "names") else 80
-    b = {"img": torch.rand(batch, model.yaml.get("channels", 3), imgsz, imgsz, generator=g)}
-    if isinstance(model, ClassificationModel):
-        b["cls"] = torch.randint(0, nc, (batch,), generator=g)
-        return {k: v.to(device) for k, v in b.items()}
-    n = batch * objects
-    b["batch_idx"] = torch.arange(batch).repeat_interleave(objects).float()
-    b["cls"] = torch.randint(0, nc, (n, 1), generator=g).float()
-    xywh = torch.cat([torch.rand(n, 2, generator=g) * 0.8 + 0.1, torch.rand(n, 2, generator=g) * 0.08 + 0.02], 1)
-    b["bboxes"] = torch.cat([xywh, torch.rand(n, 1, generator=g)], 1) if isinstance(model, OBBModel) else xywh
-    if isinstance(model, PoseModel):
-        b["keypoints"] = torch.rand(n, *model.kpt_shape, generator=g)
-    if isinstance(model, SegmentationModel):
-        b["masks"] = torch.randint(0, objects + 1, (batch, imgsz // 4, imgsz // 4), generator=g).float()
-    return {k: v.to(device) for k, v in b.items()}
-
-
-@dataclass
-class Step:
-    """One measured training step.
-
-    Attributes:
-        peak_bytes (int): Exact peak of live tensor bytes the step allocated (activations, gradients, loss).
-        flops (int): Convolution/matmul FLOPs of forward, recompute and backward.
-        seconds (float): Median wall-clock time of the step.
-        saved_bytes (int): Tensor bytes still alive after forward, i.e. kept for backward.
-        cuda_peak_bytes (int | None): ``torch.cuda.max_memory_allocated`` over the timed steps (CUDA only).
-    """
-
-    peak_bytes: int
-    flops: int
-    seconds: float
-    saved_bytes: int
-    cuda_peak_bytes: int | None = None
-
-
-def _loss(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> torch.Tensor:
-    """The trainer's forward: ``model.loss`` under autocast of ``amp``, as Ultralytics' loop; backward is outside."""
-    with torch.autocast(batch["img"].device.type, dtype=amp, enabled=amp is not None):
-        loss, _ = model.loss(batch)
-        return loss.sum()
-
-
-def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> tuple[int, int]:
-    """Exact memory of one training step, ``model.loss(batch)`` forward and backward, and nothing else running.
-
-    The model's gradients are cleared first (as ``optimizer.zero_grad()`` does), so each measurement starts like a
-    training step.
-
-    Args:
-        model: The model as it trains (checkpoint plan installed, or plain).
-        batch: A batch as ``training_batch`` makes it.
-        amp: Autocast dtype of the forward (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
-
-    Returns:
-        (tuple[int, int]): Peak live tensor bytes of the step, and bytes still alive after forward (kept for backward).
-    """
-    model.zero_grad(set_to_none=True)
-    with LiveTensorTracker() as tracker:
-        loss = _loss(model, batch, amp)
-        saved = tracker.current
-        loss.backward()
-        del loss
-    model.zero_grad(set_to_none=True)
-    return tracker.peak, saved
-
-
-def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dtype | None = None) -> Step:
-    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time (see ``measure_peak``
-    and ``step_flops``)."""
-    peak, saved = measure_peak(model, batch, amp)
-    flops = step_flops(model, batch, amp)
-    cuda = batch["img"].is_cuda and repeats > 0
-    if cuda:  # the allocator's own peak over the timed steps, for comparison with the exact tracker
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    seconds = time_steps([model], batch, repeats, amp)[0]
-    cuda_peak = torch.cuda.max_memory_allocated() if cuda else None
-    return Step(peak, flops, seconds, saved, cuda_peak)
-
-
-def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> int:
-    """Convolution/matmul FLOPs of one training step, recompute included (``FlopCounterMode``).
-
-    Counted in a step of its own: the counter keeps tensors alive that checkpointing frees, so memory is measured
-    without it.
-    """
-    model.zero_grad(set_to_none=True)
-    with FlopCounterMode(display=False) as counter:
-        _loss(model, batch, amp).backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
-
-
-def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None) -> nn.Module:
-    """A copy of ``model`` with ``checkpoint_stages=spec``, ``checkpoint_mode=mode`` and ``checkpoint_layers=layers``
-    installed."""
-    m = copy.deepcopy(model)
-    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec, layers), mode)
-    return m
-
-
-def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dtype | None = None) -> list[float]:
-    """Median step time of each model, timed in interleaved rounds so machine drift hits all of them alike."""
-    times: list[list[float]] = [[] for _ in models]
-    cuda = batch["img"].is_cuda
-    for _ in range(repeats):
-        for model, ts in zip(models, times):
-            model.zero_grad(set_to_none=True)
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            _loss(model, batch, amp).backward()
-            if cuda:
-                torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t0)
-            model.zero_grad(set_to_none=True)
-    return [statistics.median(ts) if ts else 0.0 for ts in times]
 
 
 def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int = 3,
@@ -198,6 +48,9 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     items = TQDM(models.items(), desc="plans", total=len(models)) if progress else models.items()
     steps = {name: measure_step(m, data, repeats=1, amp=amp) for name, m in items}  # a timed step warms up too
     seconds = time_steps(list(models.values()), data, repeats, amp)
+    for m in models.values():
+        disable_checkpointing(m)
+    del models
     rows = []
     base, base_s = steps[next(iter(steps))], seconds[0]
     for (name, step), s in zip(steps.items(), seconds):
@@ -237,7 +90,7 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
         leave = lambda m, i, o, k=k: contexts[k].__exit__(None, None, None)  # noqa: E731
         hooks.append(model.model[layers[-1]].register_forward_hook(leave))
     try:
-        _loss(model, data)
+        step_loss(model, data)
     finally:
         for h in hooks:
             h.remove()
@@ -265,7 +118,8 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
     model.zero_grad(set_to_none=True)
     rows = []
     for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
-        step = measure_step(with_plan(model, [k]), data, repeats=0)
+        with planned_copy(model, [k]) as m:
+            step = measure_step(m, data, repeats=0)
         freed = base.saved_bytes - step.saved_bytes
         rows.append({
             "stage": k,

@@ -7,7 +7,7 @@ how large the images can be at a given batch ("how large can my scans be at batc
 memory no plan can save: the model state and the loss with its assigner, which grows with objects per image.
 
 Example:
-    >>> from yolo_ckpt.profiler import build_model
+    >>> from yolo_ckpt.measure import build_model
     >>> rows = measure_candidates(build_model("yolov8n.yaml"), imgsz=128, batch=2)
     >>> sum(r["pareto"] for r in rows) >= 2  # vanilla and the plan that keeps the least, at least
     True
@@ -20,10 +20,21 @@ import math
 import torch
 from torch import nn
 
-from .autobatch import parse_memory, state_bytes, step_bytes
+from .autobatch import parse_memory
+from .measure import (
+    batch_bytes,
+    grad_bytes,
+    planned_copy,
+    state_bytes,
+    step_bytes,
+    step_flops,
+    time_steps,
+    training_batch,
+    weight_bytes,
+    with_plan,
+)
 from .model import disable_checkpointing
-from .planner import Candidate, Costs, candidates, choose_plan, describe, unit_costs
-from .profiler import measure_peak, step_flops, time_steps, training_batch, with_plan
+from .planner import Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
 
 
 def _row(c: Candidate | None, nbytes: int, flops: int, base: tuple[int, int]) -> dict:
@@ -34,9 +45,9 @@ def _row(c: Candidate | None, nbytes: int, flops: int, base: tuple[int, int]) ->
             "predicted_MiB": round((c.predicted_bytes if c else nbytes) / 2**20, 1)}
 
 
-def _copy(model: nn.Module, row: dict) -> nn.Module:
-    """A copy of ``model`` with ``row``'s plan installed."""
-    return with_plan(model, row["checkpoint_stages"], row["checkpoint_mode"], row["checkpoint_layers"] or None)
+def _copy(model: nn.Module, row: dict):
+    """A copy of ``model`` with ``row``'s plan installed, for a ``with`` block."""
+    return planned_copy(model, row["checkpoint_stages"], row["checkpoint_mode"], row["checkpoint_layers"] or None)
 
 
 def pareto(rows: list[dict]) -> list[dict]:
@@ -64,22 +75,20 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     costs = costs or unit_costs(model, imgsz, amp=amp)
     measured = {} if measured is None else measured
     data = training_batch(model, imgsz, batch)
-    plain = with_plan(model, [])
-    base = (step_bytes(plain, imgsz, batch, amp=amp), step_flops(plain, data, amp))
-    fixed = base[0] - measure_peak(plain, data, amp)[0]
-    measured[None, batch] = base[0], fixed
-    rows = [_row(None, *base, base)]
-    for c in candidates(costs, batch, fixed):
-        m = c.installed(model)
-        try:
+    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
+    rows: list[dict] = []
+    base = (0, 0)
+    for c in [vanilla(costs, batch, fixed), *candidates(costs, batch, fixed)]:
+        with c.copy(model) as m:
             measured[c.units, c.mode, batch] = step_bytes(m, imgsz, batch, amp=amp)
-            rows.append(_row(c, measured[c.units, c.mode, batch], step_flops(m, data, amp), base))
-        finally:
-            disable_checkpointing(m)
-            del m
+            nbytes, flops = measured[c.units, c.mode, batch], step_flops(m, data, amp)
+        if not rows:
+            base = (nbytes, flops)
+        rows.append(_row(c if c.units else None, nbytes, flops, base))
     pareto(rows)
     front = [r for r in rows if r["pareto"]]
-    models = [_copy(model, r) for r in [rows[0], *front]]
+    models = [with_plan(model, r["checkpoint_stages"], r["checkpoint_mode"], r["checkpoint_layers"] or None)
+              for r in [rows[0], *front]]
     seconds = time_steps(models, data, max(repeats, 1), amp)
     for m in models:
         disable_checkpointing(m)
@@ -96,14 +105,10 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     the batch and the loss's anchors all scale with pixels), solved for the target. A prediction, not a measurement
     at that size: on a GPU, confirm with a run.
     """
-    m = _copy(model, row)
-    try:
+    with _copy(model, row) as m:
         static = state_bytes(m)
         small = max(imgsz // 2 // stride * stride, stride)
         y1, y2 = (step_bytes(m, s, batch, amp=amp) - static for s in (small, imgsz))
-    finally:
-        disable_checkpointing(m)
-        del m
     b = (y2 - y1) / (imgsz**2 - small**2)
     a = y2 - b * imgsz**2
     if target <= static + a or b <= 0:
@@ -147,13 +152,11 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
     its assigner, measured (exact peak of ``model.loss`` on given predictions) at several objects per image."""
     from .memory import LiveTensorTracker
 
-    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    weights, grads = weight_bytes(model), grad_bytes(model)
     rows = [{"what": "weights", "MiB": weights / 2**20}, {"what": "gradients", "MiB": grads / 2**20},
             {"what": "EMA copy", "MiB": weights / 2**20},
             {"what": "optimizer (AdamW, 2 moments)", "MiB": 2 * grads / 2**20}]
-    plain = with_plan(model, [])
-    try:
+    with planned_copy(model) as plain:
         for n in objects:
             data = training_batch(plain, imgsz, batch, n)
             with torch.autocast(data["img"].device.type, dtype=amp, enabled=amp is not None):
@@ -162,8 +165,6 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
                     plain.loss(data, preds)[0].sum()
             rows.append({"what": f"loss + assigner, {n} objects per image", "MiB": tracker.peak / 2**20})
             del preds
-    finally:
-        del plain
     for r in rows:
         r["MiB"] = round(r["MiB"], 1)
     return rows

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
-from copy import deepcopy
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -33,9 +32,11 @@ from ultralytics.utils.patches import override_configs, torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
 from .autobatch import parse_memory, plan_batch
+from .device import SimulatedDevice, device_memory, release
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
+from .escalation import Snapshot, keeps_least, next_plan
+from .measure import planned_copy
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
-from .profiler import with_plan
 from .recompute import MODES
 from .resources import data_file
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages
@@ -56,23 +57,37 @@ def check_settings(model: Any, args: dict) -> None:
     Raises:
         CheckpointConfigError: For invalid stages of this model, an unknown mode or an unreadable memory budget.
     """
-    if args.get("memory_budget") is not None:
-        try:
-            parse_memory(args["memory_budget"])
-        except ValueError as e:
-            raise CheckpointConfigError(str(e)) from None
+    for key in ("memory_budget", "simulate_gpu"):
+        if args.get(key) is not None:
+            try:
+                parse_memory(args[key])
+            except ValueError as e:
+                raise CheckpointConfigError(str(e).replace("memory_budget=", f"{key}=")) from None
+    if args.get("simulate_gpu") is not None and trains_on_cuda(args.get("device")):
+        raise CheckpointConfigError(f"simulate_gpu={args['simulate_gpu']!r} rehearses a GPU on CPU. Valid: with "
+                                    f"device=cpu, or no simulate_gpu on a CUDA device (its own memory counts).")
     if is_auto(args.get("checkpoint_stages")):
         if args.get("checkpoint_layers"):
             raise CheckpointConfigError(f"checkpoint_layers={args['checkpoint_layers']!r}: checkpoint_stages=auto "
                                         f"chooses the layers and the mode itself. Valid: [] or nothing with auto.")
-        if args.get("memory_budget") is None and not torch.cuda.is_available():
-            raise CheckpointConfigError("checkpoint_stages=auto needs a memory target: memory_budget=24GB (any device) "
-                                        "or a CUDA device (its memory).")
+        if args.get("memory_budget") is None and args.get("simulate_gpu") is None and \
+                not trains_on_cuda(args.get("device")):
+            raise CheckpointConfigError("checkpoint_stages=auto needs a memory target: memory_budget=24GB (any "
+                                        "device), a CUDA device (its memory) or simulate_gpu=24GB with device=cpu.")
     if (mode := args.get("checkpoint_mode") or "full") not in MODES:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
                                     f"'selective' (keep convolution outputs, recompute the rest).")
     if model is not None and not is_auto(args.get("checkpoint_stages")):
         CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
+
+
+def trains_on_cuda(device: Any) -> bool:
+    """Whether Ultralytics' ``select_device`` puts a run with ``device=`` on CUDA (the training device decides, not
+    whether the machine has CUDA): ``cpu``/``mps`` never, nothing given when CUDA is available, indices always."""
+    name = str(device if device is not None else "").strip().lower()
+    if name in {"cpu", "mps"} or name.startswith("mps"):
+        return False
+    return bool(name) or torch.cuda.is_available()
 
 
 def is_auto(stages: Any) -> bool:
@@ -96,9 +111,29 @@ def choose_auto_plan(trainer: Any) -> None:
     """Resolve ``checkpoint_stages=auto`` for a fixed batch at ``on_pretrain_routine_end``: the model is on its device,
     frozen and batched by then (AutoBatch resolves it earlier, in ``auto_batch``)."""
     if is_auto(trainer.args.checkpoint_stages):
-        labels = getattr(getattr(trainer.train_loader, "dataset", None), "labels", None) or []
-        counts = [len(x["cls"]) for x in labels if isinstance(x, dict) and "cls" in x]
-        trainer._auto_plan(max(max(counts, default=0) * 4, 1))  # x4: mosaic, as Ultralytics' AutoBatch counts
+        trainer._auto_plan(trainer._objects())
+
+
+def escalation_point(trainer: Any) -> None:
+    """``on_train_epoch_start`` of the first epoch: remember where it starts; after an out-of-memory error that
+    ``_build_train_pipeline`` kept the batch for, move to the next plan and restart from that point.
+
+    Registered before the epoch memory meter starts, so the planning copies are not the epoch's peak.
+    """
+    if trainer.epoch != trainer.start_epoch or RANK != -1:
+        return
+    model = unwrap_model(trainer.model)
+    if trainer._escalate:
+        trainer._escalate = False
+        trainer._escalate_plan()
+        snap = trainer._snapshot
+        if snap is not None and trainer.ema.updates == snap.ema_updates:  # no optimizer step yet: a fresh start
+            snap.restore(model)
+        else:
+            LOGGER.info(f"{PREFIX} optimizer steps were taken before the error: training goes on from them, as "
+                        f"Ultralytics' own retry does")
+    elif trainer._snapshot is None and checkpoint_plan(model) is not None:
+        trainer._snapshot = Snapshot.take(model, trainer.ema.updates)
 
 
 def skip_frozen_stages(trainer: Any) -> None:
@@ -142,7 +177,13 @@ class CheckpointMixin:
         self.epoch_memory: dict[str, float] = {}
         self.memory_meter: EpochPeak | None = None
         self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
-        ours = [*CALLBACKS.items(), ("on_pretrain_routine_end", choose_auto_plan),
+        self.memory_target: int | None = None  # exact tensor bytes auto or AutoBatch planned to fit
+        self._plan_costs = None  # auto's unit costs, for escalation
+        self._snapshot: dict | None = None  # the first epoch's start, for an exact restart after an escalation
+        self._pipeline_batch: int | None = None
+        self._escalate = False
+        ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
+                ("on_pretrain_routine_end", choose_auto_plan),
                 ("on_pretrain_routine_end", skip_frozen_stages)]
         for event, fn in ours:
             if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
@@ -185,15 +226,23 @@ class CheckpointMixin:
         """Train like Ultralytics; however it ends, the model is plain again and no memory tracker stays active.
 
         ``Model.train`` hands the trainer's model to ``YOLO.model``; after a failed run that object is what a user
-        saves or trains next, so the plan must not outlive training.
+        saves or trains next, so the plan must not outlive training. With ``simulate_gpu`` the whole run, the model
+        built before it included, lives on a ``SimulatedDevice`` of that size.
         """
-        try:
-            return super().train()
-        finally:
-            for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
-                if isinstance(model, nn.Module):
-                    disable_checkpointing(unwrap_model(model))
-            close_epoch_memory(self)
+        with ExitStack() as stack:
+            if self.args.simulate_gpu is not None:
+                gpu = stack.enter_context(SimulatedDevice(parse_memory(self.args.simulate_gpu)))
+                if isinstance(self.model, nn.Module):
+                    gpu.track([*self.model.parameters(), *self.model.buffers()])
+                LOGGER.info(f"{PREFIX} simulate_gpu={self.args.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device on "
+                            f"CPU, exact tensor bytes")
+            try:
+                return super().train()
+            finally:
+                for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
+                    if isinstance(model, nn.Module):
+                        disable_checkpointing(unwrap_model(model))
+                close_epoch_memory(self)
 
     @contextmanager
     def _ultralytics_args(self) -> Iterator[None]:
@@ -234,91 +283,146 @@ class CheckpointMixin:
             else:
                 ema.args = linked
 
+    def _dataset_facts(self) -> tuple[int, int]:
+        """The most labels in one image x4 (mosaic) and the number of training images, as Ultralytics'
+        ``DetectionTrainer.auto_batch`` gathers them (8.4.190)."""
+        with override_configs(self.args, overrides={"cache": False}) as self.args:
+            dataset = self.build_dataset(self.data["train"], mode="train", batch=16)
+        labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]
+        return max((len(x["cls"]) for x in labels), default=0) * 4, len(dataset)
+
+    def _memory_target(self) -> tuple[int, float, str]:
+        """``(budget bytes, share, what it is)`` of this run's memory decisions, in exact tensor bytes.
+
+        ``memory_budget`` when given (on CUDA its allocator bytes are turned into tensor bytes with the device's
+        ``ALLOCATOR_MARGIN``); otherwise the training device's usable memory — CUDA free plus what this process has
+        reserved, as Ultralytics' AutoBatch counts it, or the simulated device. The share is 0.6, or ``batch=0.x``.
+        """
+        fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
+        dev = device_memory(self.device)
+        if self.args.memory_budget is not None:
+            budget = parse_memory(self.args.memory_budget)
+            if dev is not None and budget > dev.total:
+                LOGGER.warning(f"{PREFIX} memory_budget={self.args.memory_budget} is more than {dev.name} holds "
+                               f"({dev.total / 2**30:.2f} GB): planning for the budget from steps that fit the device")
+            source = f"memory_budget={self.args.memory_budget}"
+        else:
+            budget, source = dev.usable, f"{dev.name} usable memory"
+        return (dev.tensor_bytes(budget) if dev is not None else budget), fraction, source
+
     def auto_batch(self) -> int:
         """Choose the batch for the checkpointed model and log what the same memory gives without checkpointing.
 
         Our mixin comes first in the MRO, so this replaces the task trainer's ``auto_batch`` too; it gathers the same
         dataset facts as Ultralytics' ``DetectionTrainer.auto_batch`` (8.4.190): the most labels in one image, x4 for
-        mosaic, and the number of training images. Both batches are measured on eager copies of the model.
+        mosaic, and the number of training images. Both batches are measured on copies of the model. Without
+        ``memory_budget``, a CUDA device gets Ultralytics' own AutoBatch (on the checkpointed model) and a simulated
+        device is planned for its size; any other device keeps Ultralytics' default batch.
         """
         skip_frozen_stages(self)  # Ultralytics froze layers before AutoBatch: measure the plan that will train
-        with override_configs(self.args, overrides={"cache": False}) as self.args:
-            dataset = self.build_dataset(self.data["train"], mode="train", batch=16)
-        labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]
-        max_num_obj, dataset_size = max((len(x["cls"]) for x in labels), default=0) * 4, len(dataset)
-        del dataset
-        if self.args.memory_budget is None and self.device.type != "cuda":  # Ultralytics' default batch off CUDA
+        max_num_obj, dataset_size = self._dataset_facts()
+        simulated = self.device.type != "cuda" and device_memory(self.device) is not None
+        if self.args.memory_budget is None and self.device.type != "cuda" and not simulated:
             LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
             return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         if is_auto(self.args.checkpoint_stages):
-            return self._auto_plan(max(max_num_obj, 1), autobatch=True)
+            return self._auto_plan(max(max_num_obj, 1), autobatch=True, dataset_size=dataset_size)
         model = self.model
         plain = unwrap_model(model)
         stages = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
-        if self.args.memory_budget is not None:
-            return self._plan_for_budget(unwrap_model(model), stages, max_num_obj, dataset_size)
+        if self.args.memory_budget is not None or simulated:
+            return self._plan_for_budget(plain, stages, max_num_obj, dataset_size)
         try:
-            self.model = unwrap_model(model)  # Ultralytics profiles a deepcopy: the plan comes along
+            self.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
             batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-            self.model = with_plan(unwrap_model(model), [])
-            self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
+            with planned_copy(plain) as self.model:
+                self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         finally:
             self.model = model
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with {stages} ({self.autobatch_without} without)")
         return batch
 
     def _plan_for_budget(self, model: nn.Module, stages: Any, max_num_obj: int, dataset_size: int) -> int:
-        """``memory_budget`` AutoBatch on copies of the model (probe steps would move BatchNorm statistics).
+        """AutoBatch for ``memory_budget`` (or the simulated device) on copies of the model (probe steps would move
+        BatchNorm statistics).
 
-        Steps are measured under the autocast dtype this run trains with, and one copy exists at a time, so planning
-        itself stays inside the share it plans for.
+        Steps are measured under the autocast dtype this run trains with, one copy at a time, each within the share
+        and what the device has free, so planning itself stays inside the share it plans for.
         """
-        fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
+        budget, fraction, source = self._memory_target()
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
         amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None  # as the train loop
-        kw = dict(imgsz=imgsz, budget=parse_memory(self.args.memory_budget), fraction=fraction,
-                  objects=max(max_num_obj, 1), amp=amp)
-        LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
-                    f"at imgsz={imgsz}{f' under {amp} autocast' if amp else ''} from measured training steps...")
-        copy = deepcopy(model)
+        kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1), amp=amp)
+        self.memory_target = int(fraction * budget)
+        LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of {source} at imgsz={imgsz}"
+                    f"{f' under {amp} autocast' if amp else ''} from measured training steps...")
         try:
-            chosen = plan_batch(copy, **kw)
+            with planned_copy(model, None) as copy:
+                chosen = plan_batch(copy, **kw)
         except ValueError as e:
             raise CheckpointConfigError(f"{e} with {stages}; raise memory_budget or lower imgsz") from None
-        finally:
-            disable_checkpointing(copy)  # the installed plan refers back to its model: free the copy now, not at gc
-            del copy
         try:
-            without = str(plan_batch(with_plan(model, []), **kw).batch)
+            with planned_copy(model) as plain:
+                without = str(plan_batch(plain, **kw).batch)
         except ValueError:
             without = "none fits"
         batch = min(chosen.batch, dataset_size or chosen.batch)
         cap = f", capped to the {dataset_size} training images" if batch < chosen.batch else ""
+        how = (f"extrapolated from steps at batches {sorted(chosen.points)} that fit the device"
+               if chosen.extrapolated else "measured")
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} with {stages} ({without} without){cap}; "
-                    f"measured {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB")
+                    f"{how} {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB")
         self.autobatch_without = without
         return batch
 
-    def _auto_plan(self, objects: int, autobatch: bool = False) -> int:
+    def _auto_plan(self, objects: int, autobatch: bool = False, dataset_size: int = 0) -> int:
         """Resolve ``checkpoint_stages=auto`` on copies of the model: choose, record in ``args`` (and args.yaml),
-        install. With AutoBatch the batch is chosen too; returns the batch."""
+        install. With AutoBatch the batch is chosen too (at most the training images); returns the batch.
+
+        Under DDP rank 0 chooses, for its share of the batch as Ultralytics splits it, and every rank installs what
+        it broadcasts; "nothing fits" stops every rank with the same line.
+        """
+        model = unwrap_model(self.model)
+        decision = None
+        if RANK in {-1, 0}:
+            try:
+                decision = self._choose(model, objects, autobatch, dataset_size)
+            except CheckpointConfigError as e:
+                decision = {"error": str(e)}
+        if RANK != -1:  # the process group exists: Ultralytics set it up before _setup_train
+            import torch.distributed as dist
+
+            box = [decision]
+            dist.broadcast_object_list(box, 0)
+            decision = box[0]
+        if "error" in decision:
+            raise CheckpointConfigError(decision["error"])
+        for k, v in decision["settings"].items():
+            setattr(self.args, k, v)
+        self._record_settings()
+        enable_checkpointing(model, CheckpointPlan.from_spec(model, self.args.checkpoint_stages,
+                                                             self.args.checkpoint_layers), self.args.checkpoint_mode)
+        for line in decision.get("lines", []):
+            LOGGER.info(line)
+        return decision["batch"]
+
+    def _choose(self, model: nn.Module, objects: int, autobatch: bool, dataset_size: int) -> dict:
+        """Rank 0's part of ``_auto_plan``: the choice as plain data (settings, batch, log lines) for the broadcast."""
         from .planner import NothingFits, choose_plan, choose_plan_and_batch
 
-        model = unwrap_model(self.model)
-        if self.args.memory_budget is not None:
-            budget, source = parse_memory(self.args.memory_budget), f"memory_budget={self.args.memory_budget}"
-        else:
-            free, _ = torch.cuda.mem_get_info(self.device)  # what others use is not ours; what we hold is counted
-            budget, source = free + torch.cuda.memory_allocated(self.device), f"{self.device} free memory"
-        fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
+        budget, fraction, source = self._memory_target()
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
         amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None
         batch = None if autobatch else max(self.batch_size // max(self.world_size, 1), 1)
+        cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
+        self.memory_target = int(fraction * budget)
+        what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
+                else "the largest batch" if autobatch else f"batch {batch}")
         LOGGER.info(f"{PREFIX} auto: choosing the plan with the least recompute that fits {fraction:.0%} of {source} "
-                    f"at imgsz={imgsz}, {'the largest batch' if autobatch else f'batch {batch}'}...")
+                    f"at imgsz={imgsz}, {what}...")
         try:
             if autobatch:
-                choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp)
+                choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
             else:
                 choice = choose_plan(model, imgsz, batch, int(fraction * budget), objects, amp)
         except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
@@ -326,17 +430,93 @@ class CheckpointMixin:
                                         f"it, or lower batch or imgsz") from None
         except ValueError as e:
             raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
-        for k, v in choice.candidate.settings.items():
-            setattr(self.args, k, v)
-        if RANK in {-1, 0}:  # args.yaml holds the chosen plan, as last.pt does: resume restores it
+        self._plan_costs = choice.costs  # escalation on out-of-memory starts from them
+        s = choice.candidate.settings
+        lines = [f"{PREFIX}   {line}" for line in choice.table()]
+        how = "extrapolated from batches the device holds" if choice.extrapolated else "measured"
+        name = CheckpointPlan.from_spec(model, s["checkpoint_stages"], s["checkpoint_layers"]).describe(
+            s["checkpoint_mode"])
+        capped = f" (capped to the {cap} training images)" if autobatch and choice.batch == cap == dataset_size else ""
+        lines.append(f"{PREFIX} auto chose {name} at batch {choice.batch}{capped}: "
+                     f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, {how} "
+                     f"{choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB")
+        if self.device.type == "cuda":
+            lines.append(self._confirm_on_cuda(model, s, choice.batch, imgsz, objects, amp))
+        return {"settings": s, "batch": choice.batch, "lines": lines}
+
+    def _confirm_on_cuda(self, model: nn.Module, settings: dict, batch: int, imgsz: int, objects: int,
+                         amp: torch.dtype | None) -> str:
+        """One measured step of the chosen plan on the CUDA device: the allocator's ``max_memory_reserved`` against
+        the share of usable memory (tensor bytes were planned; this is what the allocator really takes)."""
+        from .measure import step_loss, training_batch
+
+        dev = device_memory(self.device)
+        target = int(self.memory_target * dev.margin)
+        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
+                          settings["checkpoint_layers"] or None) as m:
+            data = training_batch(m, imgsz, batch, objects)
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            step_loss(m, data, amp).backward()
+            torch.cuda.synchronize(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            del data
+        m = None
+        release(self.device)
+        verdict = "confirmed" if reserved <= target else "over the target: escalation follows an out-of-memory"
+        return (f"{PREFIX} auto on {dev.name}: max_memory_reserved {reserved / 2**30:.3f} GB of "
+                f"{target / 2**30:.3f} GB ({verdict})")
+
+    def _record_settings(self) -> None:
+        """args.yaml holds the plan that trains, as last.pt does: resume restores it."""
+        if RANK in {-1, 0}:
             YAML.save(self.save_dir / "args.yaml", vars(self.args))
-        enable_checkpointing(model, choice.plan, self.args.checkpoint_mode)
-        for line in choice.table():
-            LOGGER.info(f"{PREFIX}   {line}")
-        LOGGER.info(f"{PREFIX} auto chose {choice.plan.describe(self.args.checkpoint_mode)} at batch {choice.batch}: "
-                    f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, measured "
-                    f"{choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB")
-        return choice.batch
+
+    def _objects(self) -> int:
+        """Labelled objects per image planning measures: the most in one training image x4 (mosaic), as Ultralytics'
+        AutoBatch counts them."""
+        labels = getattr(getattr(self.train_loader, "dataset", None), "labels", None) or []
+        counts = [len(x["cls"]) for x in labels if isinstance(x, dict) and "cls" in x]
+        return max(max(counts, default=0) * 4, 1)
+
+    def _build_train_pipeline(self) -> None:
+        """Build loaders and optimizer settings like Ultralytics; in its first-epoch out-of-memory retry, keep the
+        batch when a plan that keeps less exists (``escalation_point`` installs it when the epoch restarts).
+
+        Private hook, checked against ultralytics 8.4.190: ``BaseTrainer._do_train`` halves ``batch`` on an
+        out-of-memory error and calls this method before restarting the epoch; nothing public runs in between, and
+        the loaders must be built at the batch that will train. Ultralytics' "Reducing to batch=..." warning is
+        printed before this runs.
+        """
+        held, model = self._pipeline_batch, unwrap_model(self.model)
+        settings = {k: getattr(self.args, k) for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")}
+        if held is not None and self.batch_size < held and RANK == -1 and checkpoint_plan(model) is not None \
+                and not keeps_least(model, settings):
+            self.args.batch = self.batch_size = held
+            self._escalate = True
+        super()._build_train_pipeline()
+        self._pipeline_batch = self.batch_size
+
+    def _escalate_plan(self) -> None:
+        """Install the next plan after an out-of-memory error at this batch, record it, and say so in one line."""
+        model = unwrap_model(self.model)
+        keys = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
+        old = {k: getattr(self.args, k) for k in keys}
+        release(self.device)  # the failed step's tensors, held by the traceback until now
+        imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None
+        settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp, self._plan_costs)
+        for k, v in settings.items():
+            setattr(self.args, k, v)
+        plan = CheckpointPlan.from_spec(model, settings["checkpoint_stages"], settings["checkpoint_layers"] or None)
+        enable_checkpointing(model, plan, settings["checkpoint_mode"])
+        self._record_settings()
+        before = CheckpointPlan.from_spec(model, old["checkpoint_stages"], old["checkpoint_layers"] or None)
+        how = (f"its step measured {measured / 2**30:.3f} GB, within what the device has free" if measured is not None
+               else "none was measured to fit, so the plan that keeps the least; if it runs out too, the batch halves")
+        LOGGER.warning(f"{PREFIX} out of memory at batch {self.batch_size} with "
+                       f"{before.describe(old['checkpoint_mode'] or 'full')}: escalated to "
+                       f"{plan.describe(settings['checkpoint_mode'])} at the same batch instead of halving it ({how})")
 
     def save_metrics(self, metrics: dict) -> None:
         """Write results.csv with this epoch's peak memory columns, and pass them to Ultralytics' loggers.

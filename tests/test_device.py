@@ -1,0 +1,77 @@
+"""Memory decisions on a simulated device with a hard limit, measured by an independent exact tracker around them."""
+
+from copy import deepcopy
+
+import pytest
+import torch
+from ultralytics.cfg import get_cfg
+from ultralytics.nn.tasks import DetectionModel
+
+from yolo_ckpt.autobatch import plan_batch
+from yolo_ckpt.device import SimulatedDevice, device_memory, is_oom, simulated_device
+from yolo_ckpt.measure import planned_copy, step_bytes
+from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.planner import choose_plan, unit_costs
+
+from support import SMALL
+
+IMGSZ = 128
+
+
+def small_model() -> DetectionModel:
+    model = DetectionModel(deepcopy(SMALL), verbose=False).train()
+    model.args = get_cfg()
+    return model
+
+
+def test_simulated_device_raises_cuda_out_of_memory_and_reports_like_cuda():
+    with LiveTensorTracker() as outside, SimulatedDevice(2**20) as gpu:
+        assert simulated_device() is gpu and device_memory("cpu").total == 2**20
+        a = torch.zeros(2**17)  # 512 KiB
+        assert gpu.mem_get_info() == (2**19, 2**20) and gpu.memory_allocated() == 2**19
+        with pytest.raises(torch.OutOfMemoryError, match="^CUDA out of memory. Tried to allocate 1.00 MiB") as e:
+            torch.ones(2**18)
+        assert is_oom(e.value) and "out of memory" in str(e.value).lower()  # what Ultralytics' retry looks for
+        del e
+        assert gpu.memory_allocated() == 2**19 and gpu.max_memory_allocated() == 2**19  # the refused one never counts
+        b = a + 1
+        assert gpu.max_memory_allocated() == 2**20 and outside.peak == 2**19 + 2**20  # outside saw the refused MiB
+        del a, b
+    assert device_memory("cpu") is None and simulated_device() is None
+
+
+def test_batch_planning_never_passes_the_share_and_plans_past_a_small_device():
+    """A budget three times the device: probes fit the device, the batch is extrapolated from them, within 10% of
+    what an unlimited device plans; on a device as large as the budget, planning never passes the share."""
+    model = small_model()
+    with planned_copy(model, "all") as m:
+        budget = 30 * step_bytes(m, IMGSZ, 1)
+        unlimited = plan_batch(m, IMGSZ, budget, 0.6)
+        with LiveTensorTracker() as outside, SimulatedDevice(budget) as gpu:
+            gpu.track([*m.parameters(), *m.buffers()])
+            same = plan_batch(m, IMGSZ, budget, 0.6)
+        assert same.batch == unlimited.batch and outside.peak <= 0.6 * budget  # model, batches and steps included
+        with SimulatedDevice(budget // 3) as gpu:
+            gpu.track([*m.parameters(), *m.buffers()])
+            small = plan_batch(m, IMGSZ, budget, 0.6)
+            assert gpu.max_memory_allocated() <= gpu.limit
+    assert small.extrapolated and max(small.points) < unlimited.batch
+    assert abs(small.batch - unlimited.batch) <= 0.1 * unlimited.batch, (small, unlimited)
+
+
+def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
+    """The share is half the vanilla step: vanilla is predicted, never run; every probe stops at the share; the whole
+    planning, the training model included, stays within it; the choice fits."""
+    model = small_model()
+    batch, costs = 4, unit_costs(model, IMGSZ)
+    vanilla = step_bytes(model, IMGSZ, batch)
+    share = vanilla // 2 + vanilla // 10
+    with LiveTensorTracker() as outside, SimulatedDevice(int(share / 0.6)) as gpu:
+        gpu.track([*model.parameters(), *model.buffers()])
+        choice = choose_plan(model, IMGSZ, batch, share, costs=costs)
+    assert all(t.candidate.units for t in choice.tried)  # vanilla was never measured
+    assert choice.candidate.units and choice.measured_bytes <= share
+    assert outside.peak <= share  # probes that did not fit stopped before the share
+    with planned_copy(model, choice.candidate.settings["checkpoint_stages"], choice.candidate.mode,
+                      choice.candidate.settings["checkpoint_layers"] or None) as m:
+        assert step_bytes(m, IMGSZ, batch) == choice.measured_bytes  # the measurement is a plain, unguarded step

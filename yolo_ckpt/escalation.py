@@ -1,0 +1,125 @@
+"""Out of memory in the first epoch: recompute more at the same batch before Ultralytics halves it.
+
+Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) halves the batch on any out-of-memory error and
+restarts the epoch. A run that checkpoints can usually keep its batch by recomputing more instead: ``next_plan``
+finds the cheapest plan predicted to keep less than the one that failed and measures it at the same batch on a copy,
+within what the device has free once the failed step is released; only when no plan keeps less is the batch halved.
+
+A restart after an escalation is the run a user would have started with the new plan: ``Snapshot`` keeps what the
+failed step changed before any optimizer step (BatchNorm buffers, the random generators' states) and puts it back.
+
+Example:
+    >>> snap = Snapshot.take(model, ema_updates=0)  # doctest: +SKIP
+    >>> settings, measured = next_plan(model, {"checkpoint_stages": [2, 3]}, imgsz=640, batch=4)  # doctest: +SKIP
+    >>> snap.restore(model)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .measure import batch_bytes, planned_copy, probe_step, state_bytes
+from .planner import HEAD, MAX_MEASURED, Costs, escalations, measure_candidate, unit_costs
+from .stages import CheckpointPlan, model_stages
+
+
+@dataclass
+class Snapshot:
+    """What a training step changes before the optimizer steps: module buffers and the random generators.
+
+    Attributes:
+        buffers (list[torch.Tensor]): Clones of every buffer of the model (BatchNorm statistics), in order.
+        rng (tuple): States of Python's, NumPy's and torch's generators (and CUDA's, where initialised).
+        ema_updates (int): EMA updates at the snapshot: equal later means no optimizer step happened since.
+    """
+
+    buffers: list
+    rng: tuple
+    ema_updates: int
+
+    @classmethod
+    def take(cls, model: nn.Module, ema_updates: int) -> Snapshot:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+        return cls([b.detach().clone() for b in model.buffers()], rng, ema_updates)
+
+    def restore(self, model: nn.Module) -> None:
+        """Put the buffers (in place: the EMA and optimizer keep their tensors) and generators back."""
+        with torch.no_grad():
+            for b, s in zip(model.buffers(), self.buffers):
+                b.copy_(s)
+        random.setstate(self.rng[0])
+        np.random.set_state(self.rng[1])
+        torch.set_rng_state(self.rng[2])
+        if self.rng[3] is not None:
+            torch.cuda.set_rng_state_all(self.rng[3])
+
+
+def most(model: nn.Module) -> dict[str, Any]:
+    """The settings of the plan that keeps the least: every stage and the head, full recompute."""
+    return {"checkpoint_stages": sorted(model_stages(model)), "checkpoint_layers": HEAD, "checkpoint_mode": "full"}
+
+
+def keeps_least(model: nn.Module, settings: dict[str, Any]) -> bool:
+    """Whether ``settings`` already recompute every layer the plan that keeps the least does, in full: nothing keeps
+    less, so an out-of-memory error can only be met by a smaller batch."""
+    if (settings.get("checkpoint_mode") or "full") != "full":
+        return False
+    have = CheckpointPlan.from_spec(model, settings.get("checkpoint_stages"), settings.get("checkpoint_layers") or None)
+    full = most(model)
+    need = CheckpointPlan.from_spec(model, full["checkpoint_stages"], full["checkpoint_layers"])
+    layers = {i for r in have.regions for i in r.layers}
+    return all(i in layers for r in need.regions for i in r.layers)
+
+
+def _units(model: nn.Module, settings: dict[str, Any]) -> tuple | None:
+    """The planner's units of ``settings`` (stages, then the head), or ``None`` for plans outside that space."""
+    layers = settings.get("checkpoint_layers")
+    if layers not in (None, [], HEAD) and not (isinstance(layers, str) and layers.strip().lower() == HEAD):
+        return None
+    stages = CheckpointPlan.from_spec(model, settings.get("checkpoint_stages")).stages
+    return (*stages, *((HEAD,) if layers else ()))
+
+
+def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int, objects: int = 50,
+              amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[dict[str, Any], int | None]:
+    """Where a run that ran out of memory at ``batch`` with ``settings`` goes: the cheapest plan predicted to keep less
+    whose step at ``batch`` fits what the device has free now (measured on copies), or, when none is measured to fit,
+    the plan that keeps the least (unmeasured: the next out-of-memory error then halves the batch).
+
+    Args:
+        model: The training model (plan installed or not); copies are measured, it never runs.
+        settings: The failed plan's ``checkpoint_stages``, ``checkpoint_layers`` and ``checkpoint_mode``.
+        imgsz: Training image size.
+        batch: The batch that ran out of memory (per process).
+        objects: Labelled objects per image in the measured batches.
+        amp: Autocast dtype of the run's forward.
+        costs: ``unit_costs`` of the model at ``imgsz`` (auto measured them already), or ``None`` to measure them.
+
+    Returns:
+        (tuple): The next plan's settings and its measured step bytes (``None`` when not measured).
+    """
+    costs = costs or unit_costs(model, imgsz, objects, amp)
+    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
+    units = _units(model, settings)
+    if units is not None and all(u in costs.units for u in units) and units:
+        current = fixed + costs.predict(units, settings.get("checkpoint_mode") or "full", batch)[0]
+    elif units == ():
+        current = fixed + costs.predict((), "full", batch)[0]
+    else:  # a plan of layer lists: its own batch-1 step, scaled to the batch as planning predicts
+        with planned_copy(model, settings.get("checkpoint_stages"), settings.get("checkpoint_mode") or "full",
+                          settings.get("checkpoint_layers") or None) as m:
+            one = probe_step(m, imgsz, 1, objects, amp)
+        current = fixed + batch * (one.bytes - state_bytes(model) - batch_bytes(model, imgsz, 1, objects))
+    for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
+        got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
+        if got is not None:
+            return c.settings, got
+    return most(model), None
+

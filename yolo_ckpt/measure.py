@@ -1,0 +1,297 @@
+"""One training step, measured: exact memory, FLOPs and time of ``model.loss(batch)`` forward and backward.
+
+Every figure of the project comes from here: the step the trainer runs, on a copy of the model with a plan installed
+(``planned_copy``: steps move BatchNorm statistics, so the training model never runs), on a deterministic batch in the
+format of the model's task (``training_batch``), with exact tensor accounting (``LiveTensorTracker``),
+``FlopCounterMode`` (convolutions and matmuls, recompute included) and wall-clock time.
+
+Memory is counted the way planning compares it with a target:
+
+    step bytes = model state (weights, EMA, two optimizer moments) + the batch on the device + the step's exact peak
+
+A probe step can be given a limit on the bytes it may add (``probe_step``): past it the step stops with an
+out-of-memory error, which means "does not fit", and its memory is released.
+
+Example:
+    >>> model = build_model("yolo11n.yaml")
+    >>> with planned_copy(model, "all") as m:
+    ...     step_bytes(m, imgsz=320, batch=2) < step_bytes(model, imgsz=320, batch=2)
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from .device import LimitReached, MemoryLimit, is_oom, release
+from .memory import LiveTensorTracker
+from .model import checkpoint_mode, disable_checkpointing, enable_checkpointing
+from .stages import CheckpointPlan
+
+OBJECTS_PER_IMAGE = 50  # boxes per image in the measured batch; loss memory grows with them
+
+
+def build_model(cfg: str, overrides: dict | None = None) -> nn.Module:
+    """Build the Ultralytics task model for a model YAML (or load a ``.pt``), ready for ``model.loss``."""
+    from ultralytics import YOLO
+    from ultralytics.cfg import get_cfg
+
+    model = YOLO(cfg).model
+    model.args = get_cfg(overrides={"task": getattr(model, "task", None) or "detect", **(overrides or {})})
+    return model.float().train()
+
+
+def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> dict:
+    """A deterministic batch in the format Ultralytics' loss of the model's task expects.
+
+    Every tensor's size is proportional to ``batch`` (``batch_bytes`` relies on it).
+
+    Args:
+        model: An Ultralytics task model (its class decides the label format).
+        imgsz: Square image side.
+        batch: Images in the batch.
+        objects: Labelled objects per image (detect, segment, pose, obb).
+    """
+    from ultralytics.nn.tasks import ClassificationModel, OBBModel, PoseModel, SegmentationModel
+
+    g = torch.Generator().manual_seed(0)
+    device = next(model.parameters()).device
+    nc = len(model.names) if hasattr(model, "names") else 80
+    b = {"img": torch.rand(batch, model.yaml.get("channels", 3), imgsz, imgsz, generator=g)}
+    if isinstance(model, ClassificationModel):
+        b["cls"] = torch.randint(0, nc, (batch,), generator=g)
+        return {k: v.to(device) for k, v in b.items()}
+    n = batch * objects
+    b["batch_idx"] = torch.arange(batch).repeat_interleave(objects).float()
+    b["cls"] = torch.randint(0, nc, (n, 1), generator=g).float()
+    xywh = torch.cat([torch.rand(n, 2, generator=g) * 0.8 + 0.1, torch.rand(n, 2, generator=g) * 0.08 + 0.02], 1)
+    b["bboxes"] = torch.cat([xywh, torch.rand(n, 1, generator=g)], 1) if isinstance(model, OBBModel) else xywh
+    if isinstance(model, PoseModel):
+        b["keypoints"] = torch.rand(n, *model.kpt_shape, generator=g)
+    if isinstance(model, SegmentationModel):
+        b["masks"] = torch.randint(0, objects + 1, (batch, imgsz // 4, imgsz // 4), generator=g).float()
+    return {k: v.to(device) for k, v in b.items()}
+
+
+def batch_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> int:
+    """Bytes of ``training_batch(model, imgsz, batch, objects)`` on the device, computed from batch 1 (every tensor
+    of it grows with the batch), so that no batch is allocated to learn its size."""
+    one = training_batch(model, imgsz, 1, objects)
+    return batch * sum(t.untyped_storage().nbytes() for t in one.values())
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def grad_bytes(model: nn.Module) -> int:
+    """Bytes of the gradients of the trainable parameters (and of each optimizer moment of the same shape)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def state_bytes(model: nn.Module) -> int:
+    """Bytes of the tensors a training step finds alive: weights + EMA copy + two optimizer moments (AdamW; SGD needs
+    one, so this is conservative there)."""
+    return 2 * weight_bytes(model) + 2 * grad_bytes(model)
+
+
+def step_loss(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> torch.Tensor:
+    """The trainer's forward: ``model.loss`` under autocast of ``amp``, as Ultralytics' loop; backward is outside."""
+    with torch.autocast(batch["img"].device.type, dtype=amp, enabled=amp is not None):
+        loss, _ = model.loss(batch)
+        return loss.sum()
+
+
+class StepMemory(NamedTuple):
+    """Exact memory of one training step.
+
+    Attributes:
+        peak (int): Peak live tensor bytes the step allocated (activations, gradients, loss).
+        saved (int): Bytes still alive after forward, i.e. kept for backward.
+        largest (int): The largest single allocation (bounds what one op adds past a limit).
+    """
+
+    peak: int
+    saved: int
+    largest: int
+
+
+def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, limit: int | None = None,
+                 soft: bool = False) -> StepMemory:
+    """Exact memory of one training step, ``model.loss(batch)`` forward and backward, and nothing else running.
+
+    The model's gradients are cleared first (as ``optimizer.zero_grad()`` does), so each measurement starts like a
+    training step.
+
+    Args:
+        model: The model as it trains (checkpoint plan installed, or plain).
+        batch: A batch as ``training_batch`` makes it.
+        amp: Autocast dtype of the forward (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
+        limit: Bytes the step may allocate at most; past it, ``device.LimitReached``.
+        soft: Finish the step past ``limit`` and raise ``LimitReached`` after it (steps with selective regions: see
+            ``device.MemoryLimit``).
+    """
+    model.zero_grad(set_to_none=True)
+    tracker = LiveTensorTracker() if limit is None else MemoryLimit(limit, "planning share", device=False, soft=soft)
+    try:
+        with tracker:
+            loss = step_loss(model, batch, amp)
+            saved = tracker.current
+            loss.backward()
+            del loss
+    finally:
+        model.zero_grad(set_to_none=True)
+    if getattr(tracker, "reached", False):
+        raise LimitReached(f"the step passed the planning share of {limit / 2**20:.2f} MiB")
+    return StepMemory(tracker.peak, saved, tracker.largest)
+
+
+class Probe(NamedTuple):
+    """A measured probe step: its bytes as planning counts them, and its largest single allocation."""
+
+    bytes: int
+    largest: int
+
+
+def _step(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None,
+          limit: int | None, soft: bool = False) -> Probe:
+    static = state_bytes(model)
+    inputs = batch_bytes(model, imgsz, batch, objects)
+    if limit is not None and static + inputs > limit:
+        raise LimitReached(f"the batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
+    data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
+    mem = measure_peak(model, data, amp, None if limit is None else limit - static - inputs, soft)
+    return Probe(static + inputs + mem.peak, mem.largest)
+
+
+def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
+               amp: torch.dtype | None = None, limit: int | None = None) -> int:
+    """Memory of a training step as planning counts it: model state, the batch on the device, the exact step peak.
+
+    ``limit`` (step bytes) stops the step with ``device.LimitReached`` once it cannot fit (the batch is not even
+    allocated when it alone passes it).
+    """
+    return _step(model, imgsz, batch, objects, amp, limit).bytes
+
+
+def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
+               amp: torch.dtype | None = None, limit: int | None = None) -> Probe | None:
+    """A probe step that may not pass ``limit`` step bytes; ``None`` when it does not fit (out of memory at the limit
+    or on the device), its memory released. A model with selective regions finishes its step past the limit
+    (``device.MemoryLimit``), so callers probe those only where the prediction says they fit."""
+    soft = checkpoint_mode(model) == "selective"
+    try:
+        return _step(model, imgsz, batch, objects, amp, limit, soft)
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+        traceback.clear_frames(e.__traceback__)  # autograd keeps an error from backward until the next backward
+    release(next(model.parameters()).device)  # outside the except block: the traceback no longer holds the step
+    return None
+
+
+def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> int:
+    """Convolution/matmul FLOPs of one training step, recompute included (``FlopCounterMode``).
+
+    Counted in a step of its own: the counter keeps tensors alive that checkpointing frees, so memory is measured
+    without it.
+    """
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        step_loss(model, batch, amp).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dtype | None = None) -> list[float]:
+    """Median step time of each model, timed in interleaved rounds so machine drift hits all of them alike."""
+    times: list[list[float]] = [[] for _ in models]
+    cuda = batch["img"].is_cuda
+    for _ in range(repeats):
+        for model, ts in zip(models, times):
+            model.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step_loss(model, batch, amp).backward()
+            if cuda:
+                torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+    return [statistics.median(ts) if ts else 0.0 for ts in times]
+
+
+@dataclass
+class Step:
+    """One measured training step.
+
+    Attributes:
+        peak_bytes (int): Exact peak of live tensor bytes the step allocated (activations, gradients, loss).
+        flops (int): Convolution/matmul FLOPs of forward, recompute and backward.
+        seconds (float): Median wall-clock time of the step.
+        saved_bytes (int): Tensor bytes still alive after forward, i.e. kept for backward.
+        cuda_peak_bytes (int | None): ``torch.cuda.max_memory_allocated`` of the batch's device over the timed steps,
+            less what was allocated before them (CUDA only).
+    """
+
+    peak_bytes: int
+    flops: int
+    seconds: float
+    saved_bytes: int
+    cuda_peak_bytes: int | None = None
+
+
+def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dtype | None = None) -> Step:
+    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time (see ``measure_peak``
+    and ``step_flops``)."""
+    mem = measure_peak(model, batch, amp)
+    flops = step_flops(model, batch, amp)
+    device = batch["img"].device
+    cuda = device.type == "cuda" and repeats > 0
+    if cuda:  # the allocator's own peak over the timed steps, on the batch's device, beyond what already lives there
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    seconds = time_steps([model], batch, repeats, amp)[0]
+    cuda_peak = torch.cuda.max_memory_allocated(device) - before if cuda else None
+    return Step(mem.peak, flops, seconds, mem.saved, cuda_peak)
+
+
+def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None) -> nn.Module:
+    """A copy of ``model`` with ``checkpoint_stages=spec``, ``checkpoint_mode=mode`` and ``checkpoint_layers=layers``
+    installed (the caller disables it when done: the installed plan refers back to its model; see ``planned_copy``).
+    """
+    m = copy.deepcopy(model)
+    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec, layers), mode)
+    return m
+
+
+@contextmanager
+def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: Any = None) -> Iterator[nn.Module]:
+    """A copy of ``model`` with a plan installed (``spec=None``: the plan ``model`` has), for the block only:
+    afterwards the plan is removed, so the copy is freed at once rather than when the collector finds the cycle, and
+    planning keeps one copy at a time.
+
+    Example:
+        >>> with planned_copy(build_model("yolo11n.yaml"), [2, 3], "selective") as m:
+        ...     step = measure_peak(m, training_batch(m, 128, 1))
+    """
+    m = with_plan(model, list(spec) if isinstance(spec, tuple) else spec, mode, layers) if spec is not None \
+        else copy.deepcopy(model)  # as installed: a deep copy carries the plan, bound to the copy
+    try:
+        yield m
+    finally:
+        disable_checkpointing(m)
+        del m
