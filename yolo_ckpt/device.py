@@ -55,28 +55,20 @@ class LimitReached(RuntimeError):
 class MemoryLimit(LiveTensorTracker):
     """A ``LiveTensorTracker`` that refuses to count past ``limit`` bytes: the allocation that would pass it raises,
     and is never counted — ``torch.OutOfMemoryError`` with CUDA's wording (a device), or ``LimitReached`` (a probe's
-    share, ``device=False``). ``soft=True`` only notes it in ``reached`` and lets the step finish.
-
-    Why soft: in torch 2.14.1 a step with *selective* checkpoint regions that stops before its backward strands the
-    regions' graph (their cached outputs reference the graph that references them, through C++ autograd nodes the
-    collector cannot see): 11-13 MiB per failed probe of a small model, found on the simulated device. Full-mode
-    regions and plain steps free everything. Nested inside another tracker a limit covers only what is allocated
-    while it is active.
+    share, ``device=False``). Nested inside another tracker it limits only what is allocated while it is active.
+    After the error, ``release`` frees what the failed step held.
     """
 
-    def __init__(self, limit: int, name: str = "memory limit", device: bool = True, soft: bool = False) -> None:
+    def __init__(self, limit: int, name: str = "memory limit", device: bool = True) -> None:
         super().__init__()
-        self.limit, self.name, self.device, self.soft = int(limit), name, device, soft
-        self.reached = False
+        self.limit, self.name, self.device = int(limit), name, device
 
     def _add(self, st: torch.UntypedStorage) -> None:
         nbytes = st.nbytes()
         if self.current + nbytes > self.limit:
-            self.reached = True
-            if not self.soft:
-                what = f"Tried to allocate {_mib(nbytes)}. {self.name} of {_mib(self.limit)} has " \
-                       f"{_mib(self.limit - self.current)} free ({_mib(self.current)} allocated)"
-                raise torch.OutOfMemoryError(f"CUDA out of memory. {what}") if self.device else LimitReached(what)
+            what = f"Tried to allocate {_mib(nbytes)}. {self.name} of {_mib(self.limit)} has " \
+                   f"{_mib(self.limit - self.current)} free ({_mib(self.current)} allocated)"
+            raise torch.OutOfMemoryError(f"CUDA out of memory. {what}") if self.device else LimitReached(what)
         super()._add(st)
 
 

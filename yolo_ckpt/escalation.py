@@ -66,16 +66,14 @@ def most(model: nn.Module) -> dict[str, Any]:
     return {"checkpoint_stages": sorted(model_stages(model)), "checkpoint_layers": HEAD, "checkpoint_mode": "full"}
 
 
-def keeps_least(model: nn.Module, settings: dict[str, Any]) -> bool:
-    """Whether ``settings`` already recompute every layer the plan that keeps the least does, in full: nothing keeps
-    less, so an out-of-memory error can only be met by a smaller batch."""
-    if (settings.get("checkpoint_mode") or "full") != "full":
-        return False
-    have = CheckpointPlan.from_spec(model, settings.get("checkpoint_stages"), settings.get("checkpoint_layers") or None)
-    full = most(model)
-    need = CheckpointPlan.from_spec(model, full["checkpoint_stages"], full["checkpoint_layers"])
-    layers = {i for r in have.regions for i in r.layers}
-    return all(i in layers for r in need.regions for i in r.layers)
+def keeps_least(settings: dict[str, Any], stages: list[int]) -> bool:
+    """Whether ``settings`` are the plan that keeps the least (every stage of ``stages``, the head, full recompute):
+    nothing keeps less, so an out-of-memory error can only be met by a smaller batch. Decided from the values alone:
+    it is asked while the failed step still holds its memory, where no dry run may allocate."""
+    spec, layers = settings.get("checkpoint_stages"), settings.get("checkpoint_layers")
+    every = (isinstance(spec, str) and spec.strip().lower() == "all") or sorted(spec or []) == sorted(stages)
+    head = isinstance(layers, str) and layers.strip().lower() == HEAD
+    return every and head and (settings.get("checkpoint_mode") or "full") == "full"
 
 
 def _units(model: nn.Module, settings: dict[str, Any]) -> tuple | None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .device import LimitReached, MemoryLimit, is_oom, release
 from .memory import LiveTensorTracker
-from .model import checkpoint_mode, disable_checkpointing, enable_checkpointing
+from .model import disable_checkpointing, enable_checkpointing
 from .stages import CheckpointPlan
 
 OBJECTS_PER_IMAGE = 50  # boxes per image in the measured batch; loss memory grows with them
@@ -128,8 +127,7 @@ class StepMemory(NamedTuple):
     largest: int
 
 
-def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, limit: int | None = None,
-                 soft: bool = False) -> StepMemory:
+def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, limit: int | None = None) -> StepMemory:
     """Exact memory of one training step, ``model.loss(batch)`` forward and backward, and nothing else running.
 
     The model's gradients are cleared first (as ``optimizer.zero_grad()`` does), so each measurement starts like a
@@ -140,11 +138,9 @@ def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, 
         batch: A batch as ``training_batch`` makes it.
         amp: Autocast dtype of the forward (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
         limit: Bytes the step may allocate at most; past it, ``device.LimitReached``.
-        soft: Finish the step past ``limit`` and raise ``LimitReached`` after it (steps with selective regions: see
-            ``device.MemoryLimit``).
     """
     model.zero_grad(set_to_none=True)
-    tracker = LiveTensorTracker() if limit is None else MemoryLimit(limit, "planning share", device=False, soft=soft)
+    tracker = LiveTensorTracker() if limit is None else MemoryLimit(limit, "planning share", device=False)
     try:
         with tracker:
             loss = step_loss(model, batch, amp)
@@ -153,8 +149,6 @@ def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, 
             del loss
     finally:
         model.zero_grad(set_to_none=True)
-    if getattr(tracker, "reached", False):
-        raise LimitReached(f"the step passed the planning share of {limit / 2**20:.2f} MiB")
     return StepMemory(tracker.peak, saved, tracker.largest)
 
 
@@ -166,13 +160,13 @@ class Probe(NamedTuple):
 
 
 def _step(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None,
-          limit: int | None, soft: bool = False) -> Probe:
+          limit: int | None) -> Probe:
     static = state_bytes(model)
     inputs = batch_bytes(model, imgsz, batch, objects)
     if limit is not None and static + inputs > limit:
         raise LimitReached(f"the batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
     data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
-    mem = measure_peak(model, data, amp, None if limit is None else limit - static - inputs, soft)
+    mem = measure_peak(model, data, amp, None if limit is None else limit - static - inputs)
     return Probe(static + inputs + mem.peak, mem.largest)
 
 
@@ -189,15 +183,12 @@ def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_
 def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
                amp: torch.dtype | None = None, limit: int | None = None) -> Probe | None:
     """A probe step that may not pass ``limit`` step bytes; ``None`` when it does not fit (out of memory at the limit
-    or on the device), its memory released. A model with selective regions finishes its step past the limit
-    (``device.MemoryLimit``), so callers probe those only where the prediction says they fit."""
-    soft = checkpoint_mode(model) == "selective"
+    or on the device), its memory released (``device.release``)."""
     try:
-        return _step(model, imgsz, batch, objects, amp, limit, soft)
+        return _step(model, imgsz, batch, objects, amp, limit)
     except RuntimeError as e:
         if not is_oom(e):
             raise
-        traceback.clear_frames(e.__traceback__)  # autograd keeps an error from backward until the next backward
     release(next(model.parameters()).device)  # outside the except block: the traceback no longer holds the step
     return None
 

@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -289,7 +288,6 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
             except RuntimeError as e:
                 if not is_oom(e):
                     raise
-                traceback.clear_frames(e.__traceback__)  # autograd keeps an error from backward until the next one
                 failed = True
             else:
                 failed = False
@@ -332,8 +330,10 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
     """
     with c.copy(model) as m:
         room = probe_room(m, 2**62 if target is None else target)
-        if target is None:
-            room = ProbeRoom(room.limit, room.device)
+        if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
+            free = None if room.device is None else room.device - 2 * grad_bytes(m)
+            room = ProbeRoom(free if free is not None else room.target, free)
+            target = room.target
         if room.device is None or room.device >= target:
             got = probe_step(m, imgsz, batch, objects, amp, room.limit)
             return (None if got is None else got.bytes), False
@@ -383,19 +383,16 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     def chosen(c: Candidate, got: int, later: list) -> Choice:
         return Choice(c, c.plan(model), batch, got, target, base_flops, tried, later, costs, extrapolated)
 
-    def may_fit(c: Candidate) -> bool:  # a selective probe runs its step to the end (MemoryLimit): only where it fits
-        return c.predicted_bytes <= target * (1 + (MARGIN if c.mode == "full" else 0))
-
     plain = vanilla(costs, batch, fixed)
-    if may_fit(plain) and (got := measure(plain)) is not None:
+    if plain.predicted_bytes <= target * (1 + MARGIN) and (got := measure(plain)) is not None:
         return chosen(plain, got, [])
     ranked = candidates(costs, batch, fixed)
-    fitting = [c for c in ranked if may_fit(c)]
+    fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
     for c in fitting[:MAX_MEASURED]:
         if (got := measure(c)) is not None:
             return chosen(c, got, [a for a in fitting if a.flops >= c.flops and a != c][:3])
     least_first = sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))  # a tie: the plan that recomputes more
-    for c in [c for c in least_first if c.mode == "full"][:3]:  # hard limits: nothing passes the share
+    for c in least_first[:3]:
         if all(c != t.candidate for t in tried) and (got := measure(c)) is not None:
             return chosen(c, got, [])
     least = min(tried, key=lambda t: (t.measured is None, t.measured or 0, t.candidate.predicted_bytes)).candidate
@@ -445,10 +442,7 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         raise ValueError(f"checkpoint_stages=auto: not even batch 1 fits {fraction:.0%} of {budget / 2**30:.3f} GB at "
                          f"imgsz {imgsz} with {describe(near[0])}") from None
     sizes = {}  # the plans predicted to keep about the least, measured at that batch: the least sets the batch
-    fixed = state_bytes(model) + batch_bytes(model, imgsz, first.batch, objects)
     for c in near:
-        if c.mode == "selective" and fixed + costs.predict(c.units, c.mode, first.batch)[0] > target:
-            continue  # a selective probe runs its step to the end (MemoryLimit): only where it is predicted to fit
         got, _ = measure_candidate(model, c, imgsz, first.batch, target, costs, objects, amp)
         if got is not None:
             sizes[c] = got

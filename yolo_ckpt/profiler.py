@@ -78,11 +78,10 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
     hooks, contexts = [], {}
 
     def enter(k):
-        def pack(t):
+        def pack(t):  # keeps nothing: no backward follows (see stages.head_layers on what keeping t would leak)
             saved[k][t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-            return t
 
-        contexts[k] = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        contexts[k] = torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None)
         contexts[k].__enter__()
 
     for k, layers in stages.items():

@@ -351,11 +351,12 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
                     x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
                 before = len(stored)
 
-                def pack(t: torch.Tensor) -> torch.Tensor:
+                def pack(t: torch.Tensor) -> None:
                     stored.add(t.untyped_storage().data_ptr())
-                    return t
+                    # nothing is kept: no backward follows, and a tensor returned here would be held by its own
+                    # grad_fn (an output saved by its op, SiLU's), a cycle through C++ the collector cannot free
 
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
                     x = m(x)
                 packed.append(len(stored) > before)
                 outputs.append(x)

@@ -181,6 +181,7 @@ class CheckpointMixin:
         self._plan_costs = None  # auto's unit costs, for escalation
         self._snapshot: dict | None = None  # the first epoch's start, for an exact restart after an escalation
         self._pipeline_batch: int | None = None
+        self._stages: list[int] = []
         self._escalate = False
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
                 ("on_pretrain_routine_end", choose_auto_plan),
@@ -491,9 +492,11 @@ class CheckpointMixin:
         held, model = self._pipeline_batch, unwrap_model(self.model)
         settings = {k: getattr(self.args, k) for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")}
         if held is not None and self.batch_size < held and RANK == -1 and checkpoint_plan(model) is not None \
-                and not keeps_least(model, settings):
+                and not keeps_least(settings, self._stages):
             self.args.batch = self.batch_size = held
             self._escalate = True
+        if held is None:  # set-up, memory free: a stage dry run may allocate now, not in the retry
+            self._stages = sorted(model_stages(model))
         super()._build_train_pipeline()
         self._pipeline_batch = self.batch_size
 
