@@ -106,17 +106,9 @@ def pytest_section(expr: str, device: str, cpu_paths: tuple[str, ...] = ()) -> S
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", expr, f"--junitxml={xml}", *paths]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "YOLO_OFFLINE": "1"})
-        cases = ET.parse(xml).getroot().iter("testcase") if xml.exists() else []
-        rows, failures, counts = [], [], {"passed": 0, "failed": 0, "skipped": 0}
-        for case in cases:
-            outcome = next((c for c in case if c.tag in {"failure", "error", "skipped"}), None)
-            state = "passed" if outcome is None else "skipped" if outcome.tag == "skipped" else "failed"
-            counts[state] += 1
-            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-            rows.append(f"| {name} | {state} | {float(case.get('time', 0)):.1f} |")
-            if state == "failed":
-                failures.append(f"**{name}**\n\n```\n{(outcome.text or outcome.get('message') or '')[-4000:]}\n```")
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "YOLO_OFFLINE": "1"},
+                             timeout=1200)
+        rows, failures, counts = read_junit(xml)
     summary = f"`pytest -k \"{expr}\"`: exit {out.returncode}, " + ", ".join(f"{n} {k}" for k, n in counts.items())
     body = "\n".join([summary, "", "| test | outcome | s |", "|---|---|---|", *rows, "", *failures])
     if out.returncode not in (0, 5) or counts["failed"]:  # 5: nothing collected
@@ -127,6 +119,20 @@ def pytest_section(expr: str, device: str, cpu_paths: tuple[str, ...] = ()) -> S
     if counts["skipped"] or not counts["passed"]:
         return Section("FAILED", f"on CUDA every selected test must run\n\n{body}")
     return Section("PASS", body)
+
+
+def read_junit(xml: Path) -> tuple[list[str], list[str], dict[str, int]]:
+    """Table rows (test, outcome, seconds), each failure's message, and counts per outcome of a pytest junit file."""
+    rows, failures, counts = [], [], {"passed": 0, "failed": 0, "skipped": 0}
+    for case in ET.parse(xml).getroot().iter("testcase") if xml.exists() else []:
+        outcome = next((c for c in case if c.tag in {"failure", "error", "skipped"}), None)
+        state = "passed" if outcome is None else "skipped" if outcome.tag == "skipped" else "failed"
+        counts[state] += 1
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        rows.append(f"| {name} | {state} | {float(case.get('time', 0)):.1f} |")
+        if state == "failed":
+            failures.append(f"**{name}**\n\n```\n{(outcome.text or outcome.get('message') or '')[-4000:]}\n```")
+    return rows, failures, counts
 
 
 # ------------------------------------------------------------------------------- 3-4: trainings on the device
@@ -367,13 +373,12 @@ def escalation(quick: bool, device: str, share: float) -> Section:
                      "it any free-memory figure a planner reads, still reports the whole GPU.)")
         if run is None:
             return Section("FAILED", f"{head}\n\ntraining failed: {error}")
-        stages, trained = run.args.get("checkpoint_stages"), run.trainer.batch_size
-        lines = [head, "", f"- trained at batch {trained}, args.yaml checkpoint_stages={stages!r}, "
-                           f"checkpoint_layers={run.args.get('checkpoint_layers')!r}, first epoch peak "
-                           f"{gb(run.peaks.epoch[1])} GB", "", "Log:", "", "```", *run.log, "```"]
+        plan, trained = plan_of(run.args), run.trainer.batch_size
+        lines = [head, "", f"- trained at batch {trained} with (stages, mode, layers) {plan} in args.yaml, first epoch "
+                           f"peak {gb(run.peaks.epoch[1])} GB", "", "Log:", "", "```", *run.log, "```"]
     if trained < batch:
         return Section("FAILED", "\n".join([f"batch halved: {batch} -> {trained}", "", *lines]))
-    if stages == [2, 3]:
+    if plan == ([2, 3], "full", None):
         return Section("FAILED", "\n".join(["nothing escalated: [2,3] trained unchanged (did the limit bind?)", "",
                                             *lines]))
     return Section("PASS", "\n".join(lines))
