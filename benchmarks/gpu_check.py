@@ -6,8 +6,9 @@ Usage:
 
 Every section is timed and ends in PASS, FAILED (with the error or the figures that failed) or SKIPPED (what it needs
 is absent, e.g. CUDA); a failed section does not stop the others, and the script exits with status 1 if any section
-FAILED. Estimated on one H200 (none has been lent to this project, so these are estimates, not measurements): about
-7-8 minutes in all, the section estimates in brackets.
+FAILED; the report is rewritten after every section, so a run cut short keeps what it measured. Estimated on one
+H200 (none has been lent to this project, so these are estimates, not measurements): about 8 minutes in all, the
+section estimates in brackets.
 
 1. CUDA tests [~1.5 min]: every test whose name says ``cuda`` but not ``bitwise``, in one pytest run: allocator
    peaks, the CUDA epoch meter, the tracker on CUDA tensors, AutoBatch on the checkpointed model against an
@@ -17,8 +18,8 @@ FAILED. Estimated on one H200 (none has been lent to this project, so these are 
    buffers and gradients of full and selective recompute against plain autograd in fp32 and under fp16 and bf16
    autocast. A failure lists which tensors differ and by how much (for the training, beside what differs between two
    vanilla runs). PASS: all passed, none skipped.
-3. Planning on the device [~1.5 min]: yolo11n at a high imgsz, one epoch, no ``memory_budget``:
-   ``checkpoint_stages=auto`` at a fixed batch and ``batch=-1 checkpoint_stages=all``. For each, the planning peak
+3. Planning on the device [~1.5 min]: yolo11n at imgsz 2048, one epoch, no ``memory_budget``:
+   ``checkpoint_stages=auto`` at batch 8 and ``batch=-1 checkpoint_stages=all``. For each, the planning peak
    (allocator, ``on_pretrain_routine_start`` to ``on_train_start``: model, AutoBatch or auto, loaders, optimizer) and
    the first epoch's peak against the planned target (``trainer.memory_target``, where the trainer reports one) and
    results.csv's ``mem/*`` columns; then one training step of each chosen plan with its exact tensor peak
@@ -27,8 +28,8 @@ FAILED. Estimated on one H200 (none has been lent to this project, so these are 
 4. Escalation under a reduced memory fraction [~1 min]: vanilla's first-epoch peak (``max_memory_reserved``) at
    imgsz 1280 batch 8, then ``torch.cuda.set_per_process_memory_fraction`` leaves the process about 0.6x of it and
    ``checkpoint_stages=[2,3]`` trains at the same batch (restored to 1.0 afterwards). PASS: it trained at batch 8 with
-   a plan that keeps less recorded in args.yaml (escalated); FAILED: the batch was halved, training failed, or nothing
-   ran out of memory. The ``checkpoint:`` and out-of-memory log lines are in the report.
+   a plan that keeps less recorded in args.yaml (escalated); FAILED: the batch was halved, training failed, or [2,3]
+   trained unchanged (the limit did not bind). The ``checkpoint:`` and out-of-memory log lines are in the report.
 5. Memory table [~1.5 min]: yolo11n and yolo11s at 640 and 1280, AMP off and fp16, the standard plans: the exact
    tensor peak next to ``torch.cuda.max_memory_allocated``, FLOP and step-time ratios.
 6. AutoBatch with and without checkpointing [~0.5 min]: Ultralytics' ``check_train_batch_size`` (60% of *free*
@@ -290,22 +291,12 @@ def planning(quick: bool, device: str) -> Section:
     with tempfile.TemporaryDirectory() as tmp:
         for name, kw in (("auto", {"checkpoint_stages": "auto", "batch": batch}),
                          ("batch=-1 all", {"checkpoint_stages": "all", "batch": -1})):
-            run = train(Meter(device), True, name.replace(" ", "_").replace("=", ""), Path(tmp), imgsz=imgsz,
-                        **target, **size, **kw)
-            share = getattr(run.trainer, "memory_target", None)
-            (p_alloc, p_res), (e_alloc, e_res), row = run.peaks.planning, run.peaks.epoch, run.csv
-            csv = [row.get(k, "n/a") or "n/a" for k in ("mem/peak_alloc_GB", "mem/peak_reserved_GB",
-                                                         "mem/peak_tensor_GB")]
-            rows.append(f"| {name} | {run.trainer.batch_size} | {plan_of(run.args)} | {gb(share)} | {gb(p_alloc)} / "
-                        f"{gb(p_res)} | {gb(e_alloc)} / {gb(e_res)} | {' / '.join(csv)} |")
-            if share is not None:
-                failed += [f"{name}: {what} peak {gb(peak)} GB reserved is over the target {gb(share)} GB"
-                           for what, peak in (("planning", p_res), ("first epoch", e_res)) if peak > share]
+            run = train(Meter(device), True, re.sub(r"\W", "", name), Path(tmp), imgsz=imgsz, **target, **size, **kw)
+            row, over, step = planned_against_target(name, run)
+            rows.append(row)
+            failed += over
             logs += [f"{name}: {line}" for line in run.log]
-            t = run.trainer
-            step = (plan_of(run.args), t.args.imgsz, t.batch_size,
-                    torch.bfloat16 if t.args.amp == "bf16" else torch.float16 if t.amp else None)
-            del run, t  # the trainer holds its model, EMA and optimizer on the device
+            del run  # its trainer holds the model, EMA and optimizer on the device
             release(device)
             steps.append(f"- {name}, {step[0]} at batch {step[2]}: {step_against_allocator(device, *step)}")
     unit = "allocated / reserved (CUDA allocator)" if cuda else "exact tensor bytes (CPU)"
@@ -318,6 +309,20 @@ def planning(quick: bool, device: str) -> Section:
         "One training step of each chosen plan (AMP and channels_last as the run):", "", *steps, "",
         "Log:", "", "```", *logs, "```", *([""] + failed if failed else [])])
     return Section("FAILED" if failed else "PASS", body)
+
+
+def planned_against_target(name: str, run: Run) -> tuple[str, list[str], tuple]:
+    """A run's table row, the peaks over its target (where the trainer reports one), and the step to check its plan
+    with: ``(plan, imgsz, batch, autocast dtype)``."""
+    t, share = run.trainer, getattr(run.trainer, "memory_target", None)
+    (p_alloc, p_res), (e_alloc, e_res) = run.peaks.planning, run.peaks.epoch
+    columns = [run.csv.get(k) or "n/a" for k in ("mem/peak_alloc_GB", "mem/peak_reserved_GB", "mem/peak_tensor_GB")]
+    row = (f"| {name} | {t.batch_size} | {plan_of(run.args)} | {gb(share)} | {gb(p_alloc)} / {gb(p_res)} | "
+           f"{gb(e_alloc)} / {gb(e_res)} | {' / '.join(columns)} |")
+    over = [] if share is None else [f"{name}: {what} peak {gb(peak)} GB reserved is over the target {gb(share)} GB"
+                                     for what, peak in (("planning", p_res), ("first epoch", e_res)) if peak > share]
+    amp = torch.bfloat16 if t.args.amp == "bf16" else torch.float16 if t.amp else None  # as Ultralytics' loop
+    return row, over, (plan_of(run.args), t.args.imgsz, t.batch_size, amp)
 
 
 def simulated_device_class() -> type | None:
@@ -366,7 +371,7 @@ def escalation(quick: bool, device: str, share: float) -> Section:
             except Exception as e:  # the check's verdict, not a crash of the check
                 error = f"{type(e).__name__}: {str(e)[:500]}"
         head = (f"yolo11n, imgsz {imgsz}, batch {batch}: vanilla's first epoch peaked at {gb(peak)} GB; the device "
-                f"was limited to {share:g}x that, {gb(limit)} GB, and `checkpoint_stages=[2,3]` trained at batch "
+                f"was limited to {share:g}x that, {gb(limit)} GB, and `checkpoint_stages=[2,3]` started at batch "
                 f"{batch}.")
         if device == "cuda":
             head += (" (`set_per_process_memory_fraction` limits the caching allocator only: `mem_get_info`, and with "
@@ -482,19 +487,19 @@ def main() -> None:
         "AutoBatch with and without checkpointing": lambda: autobatch(a.quick, device),
         "Compiled checkpointed step": lambda: compiled_step(a.quick, device, a.compile_backend),
     }
-    start, verdicts = time.perf_counter(), {}
+    a.out.mkdir(parents=True, exist_ok=True)
+    path, start, failed = a.out / "gpu_check.md", time.perf_counter(), []
     for title, section in sections.items():
         t = time.perf_counter()
         result = run_section(section, device)
-        verdicts[title] = result.status
+        failed += [title] if result.status == "FAILED" else []
         report += [f"## {title}: {result.status} ({time.perf_counter() - t:.0f} s)", "", result.body, ""]
         print(f"{title}: {result.status} ({time.perf_counter() - t:.0f} s)", flush=True)
-    failed = [t for t, s in verdicts.items() if s == "FAILED"]
+        path.write_text("\n".join(report) + "\n")  # after every section: a run cut short keeps what it measured
     report.append(f"Total {time.perf_counter() - start:.0f} s; " + (f"FAILED: {', '.join(failed)}." if failed else
                                                                      "no section failed."))
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "gpu_check.md").write_text("\n".join(report) + "\n")
-    print(f"report: {a.out / 'gpu_check.md'}")
+    path.write_text("\n".join(report) + "\n")
+    print(f"report: {path}")
     sys.exit(1 if failed else 0)
 
 
