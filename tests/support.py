@@ -158,6 +158,45 @@ def plain_args(model) -> dict:
     return {k: v for k, v in args.items() if k not in RUN_SPECIFIC and k not in CKPT_CFG_DICT}
 
 
+def tensor_differences(a: dict, b: dict, where: str) -> list[tuple[float, str]]:
+    """Every tensor of two name -> tensor mappings that is not bitwise equal, as (relative difference, line): how many
+    elements differ and by how much at most, absolutely and relative to the largest magnitude in either tensor."""
+    out = []
+    for k in sorted(a.keys() | b.keys(), key=str):
+        x, y = a.get(k), b.get(k)
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x.dtype != y.dtype or \
+                x.shape != y.shape:
+            out.append((math.inf, f"{where}.{k}: {_about(x)} vs {_about(y)}"))
+        elif not torch.equal(x, y):
+            x, y = x.double(), y.double()
+            d = (x - y).abs().nan_to_num(math.inf)
+            rel = float(d.max() / torch.maximum(x.abs().max(), y.abs().max()))  # > 0: the two are not both zero
+            out.append((rel, f"{where}.{k}: {int((x != y).sum())}/{x.numel()} elements differ, max |diff| "
+                             f"{float(d.max()):.3g}, relative {rel:.3g}"))
+    return out
+
+
+def _about(t) -> str:
+    return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
+
+
+def run_differences(v_dir: Path, c_dir: Path, limit: int = 30) -> list[str]:
+    """What differs between two runs, largest first: results.csv values, the final training model (weights and
+    BatchNorm buffers) and the model and EMA of every weights file. Empty when they are bitwise equal."""
+    found = []
+    for i, (v, c) in enumerate(zip(results(v_dir), results(c_dir))):
+        found += [(math.inf, f"results.csv row {i} {k}: {v[k]} vs {c.get(k)}") for k in v if v[k] != c.get(k)]
+    v, c = (torch.load(d / "model_rank-1.pt", map_location="cpu") for d in (v_dir, c_dir))
+    found += tensor_differences(v, c, "training model")
+    for path in sorted((v_dir / "weights").glob("*.pt")):
+        v, c = (torch_load(d / "weights" / path.name, map_location="cpu") for d in (v_dir, c_dir))
+        for key in ("model", "ema"):
+            if isinstance(v.get(key), torch.nn.Module):
+                found += tensor_differences(v[key].state_dict(), c[key].state_dict(), f"{path.name}:{key}")
+    lines = [line for _, line in sorted(found, key=lambda f: -f[0])]
+    return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
 def assert_same_checkpoint(v: dict, c: dict, name: str) -> None:
     """Every field of two Ultralytics checkpoint files is equal, but for what differs by design.
 
@@ -275,19 +314,22 @@ def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> 
     return f"{int((fixed + share * peak) / 0.6)}B"
 
 
+def train_run(model: str, data: str, project: Path, name: str, ours: dict | None = None, **kw) -> Path:
+    """One training with ``TRAIN_ARGS`` updated by ``kw`` (``device=0`` trains on CUDA), counting layer forwards:
+    vanilla Ultralytics, or yolo_ckpt's trainer with our keys ``ours``; return the run dir."""
+    m = ultralytics.YOLO(model)
+    add_counting(m)
+    args = {**TRAIN_ARGS, "data": data, "project": str(project), "save_period": 1, **kw}
+    m.train(**({"trainer": TRAINERS[m.task], **ours} if ours else {}), name=name, **args)
+    return Path(m.trainer.save_dir)
+
+
 def train_pair(model: str, stages, data: str, project: Path, mode: str = "full", layers=None, ours: dict | None = None,
                **kw) -> tuple[Path, Path]:
     """Train vanilla Ultralytics and yolo_ckpt with the same arguments (``ours``: more of our keys), counting layer
     forwards; return the run dirs."""
-    args = {**TRAIN_ARGS, "data": data, "project": str(project), "save_period": 1, **kw}
     ours = {"checkpoint_stages": stages, "checkpoint_mode": mode, "checkpoint_layers": layers, **(ours or {})}
-    dirs = []
-    for name, extra in (("vanilla", {}), ("ckpt", ours)):
-        m = ultralytics.YOLO(model)
-        add_counting(m)
-        m.train(**({"trainer": TRAINERS[m.task]} if extra else {}), name=name, **extra, **args)
-        dirs.append(Path(m.trainer.save_dir))
-    return dirs[0], dirs[1]
+    return train_run(model, data, project, "vanilla", **kw), train_run(model, data, project, "ckpt", ours, **kw)
 
 
 def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:

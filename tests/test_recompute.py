@@ -1,6 +1,7 @@
 """checkpoint_region against plain autograd and plain torch.utils.checkpoint."""
 
 import math
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -11,15 +12,20 @@ from ultralytics.nn.modules import C3k2, Conv
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.recompute import CHEAP_CONV_MACS, checkpoint_region
 
+from support import tensor_differences
+
 
 def stem_block(norm: nn.Module) -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), norm, nn.SiLU(), Conv(8, 16, 3, 2), C3k2(16, 16, 1, False, 0.5))
 
 
-def step(block: nn.Sequential, run, x: torch.Tensor) -> None:
+def step(block: nn.Sequential, run, x: torch.Tensor, amp: torch.dtype | None = None) -> None:
+    """Forward under autocast of ``amp`` (as Ultralytics' loop), backward outside it."""
     block.train()
-    run(block, x).square().mean().backward()
+    with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+        loss = run(block, x).float().square().mean()
+    loss.backward()
 
 
 def plain(block, x):
@@ -41,18 +47,30 @@ NORMS = [
 ]
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# (device, autocast dtype): CPU in full precision; CUDA in full precision and under both AMP dtypes Ultralytics trains
+# with (there BatchNorm may dispatch to cuDNN, and the recompute replays the autocast state)
+DEVICE_AMP = [pytest.param("cpu", None, id="cpu"),
+              *(pytest.param("cuda", amp, id=f"cuda-{name}", marks=needs_cuda)
+                for name, amp in (("fp32", None), ("fp16", torch.float16), ("bf16", torch.bfloat16)))]
+
+
+@pytest.mark.parametrize("device, amp", DEVICE_AMP)
 @pytest.mark.parametrize("ours", [full, selective])
-@pytest.mark.parametrize("make_norm", NORMS)
-def test_buffers_and_grads_bitwise_equal_to_plain_autograd(make_norm, ours):
-    x = torch.randn(2, 3, 32, 32)
-    ref, ckpt = stem_block(make_norm()), stem_block(make_norm())
-    for _ in range(3):
-        step(ref, plain, x)
-        step(ckpt, ours, x)
-    for (k, a), b in zip(ref.state_dict().items(), ckpt.state_dict().values()):
-        assert torch.equal(a, b), k
-    for (k, a), b in zip(ref.named_parameters(), ckpt.parameters()):
-        assert torch.equal(a.grad, b.grad), k
+@pytest.mark.parametrize("make_norm", NORMS, ids=["batchnorm", "batchnorm-cumulative", "instancenorm"])
+def test_buffers_and_grads_bitwise_equal_to_plain_autograd(make_norm, ours, device, amp):
+    x = torch.randn(2, 3, 32, 32).to(device)
+    ref, ckpt = stem_block(make_norm()).to(device), stem_block(make_norm()).to(device)
+    # deterministic cuDNN algorithms: the same kernels in both runs, so any difference is the recompute's
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True) if device == "cuda" \
+            else nullcontext():
+        for _ in range(3):
+            step(ref, plain, x, amp)
+            step(ckpt, ours, x, amp)
+    grads = lambda block: {k: p.grad for k, p in block.named_parameters()}  # noqa: E731
+    diffs = tensor_differences(ref.state_dict(), ckpt.state_dict(), "buffers and weights") + \
+        tensor_differences(grads(ref), grads(ckpt), "grads")
+    assert not diffs, "\n".join(line for _, line in sorted(diffs, key=lambda d: -d[0]))
 
 
 def test_plain_checkpoint_updates_batchnorm_twice():

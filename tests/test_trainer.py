@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 import ultralytics
 from ultralytics.utils.patches import torch_load
 
@@ -21,7 +22,9 @@ from support import (
     assert_same_training,
     forward_counts,
     results,
+    run_differences,
     train_pair,
+    train_run,
 )
 
 BLOCKED = """
@@ -54,6 +57,20 @@ def test_task_trainers_train_like_vanilla(task, model, tmp_path):
     imgsz = 64 if task == "classify" else 256
     pair = train_pair(model, "all", data, tmp_path, epochs=1, imgsz=imgsz)
     assert_same_training(model, "all", *pair)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_trainer_bitwise_equal_to_vanilla(detect_data, tmp_path):
+    """On CUDA, with Ultralytics' deterministic=True (deterministic algorithms and cuDNN) and its default fp16 AMP
+    (autocast, GradScaler, channels_last): all stages recomputed, the same run bit for bit. A failure lists every
+    tensor that differs and by how much, beside what differs between two vanilla runs (CUDA's own run-to-run noise)."""
+    kw = dict(epochs=1, imgsz=256, device=0)
+    vanilla, ckpt = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, **kw)
+    if diffs := run_differences(vanilla, ckpt):
+        again = run_differences(vanilla, train_run("yolo11n.yaml", detect_data, tmp_path, "vanilla_again", **kw))
+        pytest.fail("checkpointed vs vanilla:\n" + "\n".join(diffs) + "\nvanilla vs vanilla again:\n" +
+                    ("\n".join(again) or "bitwise equal"), pytrace=False)
+    assert_same_training("yolo11n.yaml", "all", vanilla, ckpt)
 
 
 @pytest.fixture(scope="module")
