@@ -4,8 +4,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import tomllib
+import yaml
 
 from yolo_ckpt import YOLO, CheckpointConfigError
 from yolo_ckpt.cli import parse_train_args
@@ -45,8 +48,58 @@ def test_unknown_key_gives_the_yolo_error():
     assert "Similar arguments are i.e. ['checkpoint_mode=full'" in last_line(typo.stderr)
 
 
+def in_process(args: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """``yolo-ckpt *args`` in this process (Ultralytics' entrypoint reads sys.argv, restored after), its output."""
+    from ultralytics.utils import LOGGER
+
+    from yolo_ckpt.cli import main
+
+    for h in LOGGER.handlers:  # bound to the stdout of import time: write to the captured one
+        monkeypatch.setattr(h, "stream", sys.stdout)
+    saved = sys.argv[:]
+    try:
+        rc = main(args)
+    finally:
+        sys.argv[:] = saved
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize("args", [["help"], ["train", "help"], ["train", "--help"], ["-h"], []])
+def test_help_lists_our_keys_and_profile_then_ultralytics_help(args, capsys, monkeypatch):
+    rc, text = in_process(args, capsys, monkeypatch)
+    assert rc == 0
+    ours = yaml.safe_load((Path(__file__).parents[1] / "cfg" / "default.yaml").read_text())
+    for key, default in ours.items():  # each key with its default, valid values and an example
+        block = text[text.index(f"    {key}  (default: "):]
+        assert block.startswith(f"    {key}  (default: {'none' if default is None else default})")
+        assert "valid:" in block.splitlines()[1] and f"example: yolo-ckpt train {key}=" in block
+    assert "yolo-ckpt profile model=" in text and "Traceback" not in text
+    theirs = run(YOLO_BIN, "help").stdout
+    assert theirs.strip().splitlines()[-1] in text and text.index("profile") < text.index("yolo TASK MODE ARGS")
+
+
+def test_help_examples_are_valid_settings():
+    from yolo_ckpt.cli import KEY_HELP
+    from yolo_ckpt.trainer import check_settings
+
+    for key, (_, example) in KEY_HELP.items():
+        parsed = parse_train_args(["train", example])
+        assert list(parsed) == ["mode", key]
+        check_settings("yolo11n.yaml", parsed)  # raises for an invalid value
+
+
+@pytest.mark.parametrize("word", ["version", "--version", "-v"])
+def test_version_prints_ours_and_ultralytics(word, capsys, monkeypatch):
+    import ultralytics
+
+    rc, text = in_process([word], capsys, monkeypatch)
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    lines = text.splitlines()
+    assert rc == 0 and lines[:2] == [f"yolo-ckpt {project}", f"ultralytics {ultralytics.__version__}"]
+
+
 def test_other_modes_are_yolo():
-    assert run(sys.executable, "-m", "yolo_ckpt", "version").stdout == run(YOLO_BIN, "version").stdout
     ours = run(sys.executable, "-m", "yolo_ckpt", "val", "model=yolo11n.yaml", "checkpoint_stages=2")
     theirs = run(YOLO_BIN, "val", "model=yolo11n.yaml", "checkpoint_stages=2")
     assert last_line(ours.stderr) == last_line(theirs.stderr)  # our key is train-only, as in `yolo`

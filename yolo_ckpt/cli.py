@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,6 +42,65 @@ DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch y
     "obb": "yolo11n-obb.yaml",
     "classify": "yolo11n-cls.yaml",
 }
+
+
+KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yaml
+    "checkpoint_stages": ("backbone stage numbers (stage k: output stride 2^k; yolo11n has 1-5) as a list, one stage, "
+                          "'all', 'auto' (the plan with the least recompute that fits; needs memory_budget or CUDA), "
+                          "or [] for off", "checkpoint_stages=[2,3]"),
+    "checkpoint_layers": ("'head' (every layer after the backbone that stores activations), layer indices and "
+                          "[first, last] ranges (one region each), or [] for none", "checkpoint_layers=head"),
+    "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep convolution outputs: "
+                        "almost no recompute FLOPs, less saving)", "checkpoint_mode=selective"),
+    "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "
+                      "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),
+}
+HELP_WORDS = {"help", "h"}  # as Ultralytics' entrypoint: help, h, -h, --help, ... (8.4.190)
+VERSION_WORDS = {"version", "v"}
+
+
+def _special(args: list[str]) -> str | None:
+    """``help`` or ``version`` when a bare token asks for it (the first one wins, as in ``yolo``), else ``None``."""
+    for a in args:
+        word = a.lstrip("-").lower()
+        if "=" not in a and word in HELP_WORDS | VERSION_WORDS:
+            return "help" if word in HELP_WORDS else "version"
+    return None
+
+
+def help_text() -> str:
+    """yolo-ckpt's own help: its modes, and each of its keys with default, valid values and an example."""
+    from .trainer import CKPT_CFG_DICT
+
+    lines = [
+        "yolo-ckpt: the `yolo` command with activation checkpointing in `train`, and a `profile` mode.",
+        "",
+        "    yolo-ckpt train [yolo train ARGS] [yolo-ckpt KEYS]   train, recomputing the chosen regions in backward",
+        "    yolo-ckpt train checkpoint_stages=all                the demo: yolo11n on the embedded dataset, offline",
+        "    yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4 [memory_budget=24GB]",
+        "                                                         measure one training step per checkpoint plan",
+        "    yolo-ckpt version                                    yolo-ckpt, Ultralytics and torch versions",
+        "    yolo-ckpt val|predict|export|... ARGS                `yolo` unchanged",
+        "",
+        "yolo-ckpt keys (train and profile; defaults from cfg/default.yaml; word values such as all, auto, head,",
+        "full, selective and GB are case-insensitive):",
+    ]
+    for key, default in CKPT_CFG_DICT.items():
+        valid, example = KEY_HELP[key]
+        lines += [f"    {key}  (default: {'none' if default is None else default})",
+                  textwrap.fill(valid, 118, initial_indent=" " * 8 + "valid:   ", subsequent_indent=" " * 17),
+                  f"        example: yolo-ckpt train {example}"]
+    return "\n".join([*lines, "", "Ultralytics' own help follows; every `yolo` argument works with yolo-ckpt too."])
+
+
+def versions() -> str:
+    """``yolo-ckpt 0.1.0``, ``ultralytics 8.4.190`` and ``torch ...``, one per line."""
+    import torch
+    import ultralytics
+
+    from . import __version__
+
+    return f"yolo-ckpt {__version__}\nultralytics {ultralytics.__version__}\ntorch {torch.__version__}"
 
 
 def parse_train_args(args: list[str]) -> dict:
@@ -133,18 +193,26 @@ def embedded_variant(data: object) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``yolo-ckpt`` (and ``python -m yolo_ckpt``)."""
+    from .offline import provide_fonts
     from .stages import CheckpointConfigError
 
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["profile"]:
-        profile(args[1:])
+    provide_fonts()  # YOLO_OFFLINE: every mode, `yolo val` too, finds its plotting font without a network call
+    special = _special(args) if args else "help"
+    if special == "version":
+        LOGGER.info(versions())
         return 0
-    if "train" not in args:
+    if special == "help":
+        LOGGER.info(help_text())
+    if special or "train" not in args and args[:1] != ["profile"]:
         sys.argv[:] = ["yolo", *args]  # in place: Ultralytics' entrypoint reads its ARGV alias of sys.argv
         entrypoint()
         return 0
     try:
-        train(args)
+        if args[:1] == ["profile"]:
+            profile(args[1:])
+        else:
+            train(args)
     except CheckpointConfigError as e:
         print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ from ultralytics.utils.torch_utils import unwrap_model
 from .autobatch import parse_memory, plan_batch
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .offline import provide_fonts
 from .profiler import with_plan
 from .recompute import MODES
 from .resources import data_file
@@ -157,6 +158,12 @@ class CheckpointMixin:
             for k, default in CKPT_CFG_DICT.items():
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
+
+    def get_dataset(self) -> dict:
+        """Ultralytics' dataset check, which looks up its plotting font: offline, give it a local one first (also in
+        DDP workers, which never run ``yolo-ckpt``'s entry point)."""
+        provide_fonts()
+        return super().get_dataset()
 
     def get_model(self, cfg=None, weights=None, verbose: bool = True):
         """Build the Ultralytics model and install the checkpoint plan on it."""
