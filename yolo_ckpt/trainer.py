@@ -17,15 +17,17 @@ Example:
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from copy import deepcopy
+from pathlib import Path
 from typing import Any
 
 import torch
 import ultralytics
 from torch import nn
-from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict
+from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict, get_save_dir
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
 from ultralytics.utils import LOGGER, RANK, YAML, IterableSimpleNamespace, colorstr
@@ -120,6 +122,39 @@ def skip_frozen_stages(trainer: Any) -> None:
         enable_checkpointing(model, kept, checkpoint_mode(model))
 
 
+WORKER_ERROR = "yolo_ckpt_error.txt"  # a DDP worker's one-line error, for the launching process to raise
+
+
+def new_run_dir(args: Any) -> Path | None:
+    """The run directory Ultralytics will create for ``args`` (``get_save_dir``, as ``BaseTrainer.__init__`` calls it
+    next), or ``None`` when it exists already (``exist_ok=True``): only a directory this run creates is ever removed."""
+    path = get_save_dir(args)
+    return None if path.exists() else path
+
+
+def remove_created_dir(trainer: Any) -> None:
+    """Remove the run directory, if this run created it (never a pre-existing one, never on resume)."""
+    created = getattr(trainer, "created_dir", None)
+    if created is not None and Path(trainer.save_dir).resolve() == created:
+        shutil.rmtree(created, ignore_errors=True)
+
+
+def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
+    """In a DDP worker: leave the line where the launching process looks (every rank plans alike; rank 0 writes)."""
+    if RANK == 0:
+        (Path(trainer.save_dir) / WORKER_ERROR).write_text(str(error))
+
+
+def reported_by_workers(trainer: Any) -> str | None:
+    """In the launching process of DDP: the line a worker reported (the file is removed), or ``None``."""
+    file = Path(trainer.save_dir) / WORKER_ERROR
+    if not trainer.ddp or not file.is_file():
+        return None
+    error = file.read_text()
+    file.unlink()
+    return error
+
+
 class CheckpointMixin:
     """Hooks that add ``checkpoint_stages`` to an Ultralytics task trainer (listed first among the bases).
 
@@ -158,6 +193,7 @@ class CheckpointMixin:
             for k, default in CKPT_CFG_DICT.items():
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
+        self.created_dir = None if self.resume or RANK != -1 else new_run_dir(self.args)
 
     def get_dataset(self) -> dict:
         """Ultralytics' dataset check, which looks up its plotting font: offline, give it a local one first (also in
@@ -193,14 +229,28 @@ class CheckpointMixin:
 
         ``Model.train`` hands the trainer's model to ``YOLO.model``; after a failed run that object is what a user
         saves or trains next, so the plan must not outlive training.
+
+        A one-line error of ours that comes once Ultralytics has created the run directory (a plan or batch that
+        cannot fit) removes the directory this run created first, so nothing is left behind and the next run keeps
+        its name; a DDP worker hands the line to the launching process instead of a traceback.
         """
         try:
-            return super().train()
+            result = super().train()
+        except CheckpointConfigError as e:
+            if RANK != -1:  # a DDP worker: end quietly, the launching process raises the one line
+                report_to_launcher(self, e)
+                return None
+            remove_created_dir(self)
+            raise
         finally:
             for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
                 if isinstance(model, nn.Module):
                     disable_checkpointing(unwrap_model(model))
             close_epoch_memory(self)
+        if error := reported_by_workers(self):
+            remove_created_dir(self)
+            raise CheckpointConfigError(error)
+        return result
 
     @contextmanager
     def _ultralytics_args(self) -> Iterator[None]:
