@@ -35,6 +35,7 @@ from ultralytics.cfg import (
 )
 from ultralytics.utils import LOGGER, YAML, checks
 
+DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
 DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch yolo26n.pt)
     "detect": "yolo11n.yaml",
     "segment": "yolo11n-seg.yaml",
@@ -52,6 +53,7 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
                           "[first, last] ranges (one region each), or [] for none", "checkpoint_layers=head"),
     "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep convolution outputs: "
                         "almost no recompute FLOPs, less saving)", "checkpoint_mode=selective"),
+    "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
     "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "
                       "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),
 }
@@ -146,13 +148,22 @@ def parse_train_args(args: list[str]) -> dict:
     return overrides
 
 
+def given(args: list[str], key: str) -> bool:
+    """Whether the command line sets ``key`` (``key=value``, also ``--key=value`` or with spaces around ``=``)."""
+    return any(a.removeprefix("--").split("=")[0] == key for a in merge_equals_args(args))
+
+
 def train(args: list[str]) -> None:
-    """Run ``yolo-ckpt train ...``."""
+    """Run ``yolo-ckpt train ...``; without ``data=`` or ``cfg=``, the demo recipe ``cfg/demo.yaml`` fills in what the
+    command line leaves out."""
+    from .resources import data_file
     from .stages import CheckpointConfigError
     from .trainer import YOLO, check_settings
 
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
+    if not overrides.get("data") and not overrides.get("resume") and not given(args, "cfg"):  # the demo
+        overrides = {**YAML.load(data_file("cfg", DEMO)), **overrides}
     task = overrides.pop("task", None)
     if overrides.get("resume") and not overrides.get("model"):
         raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
@@ -226,17 +237,22 @@ def profile(args: list[str]) -> list[Path]:
     from ultralytics.utils.torch_utils import select_device
 
     from .profiler import build_model, compare_plans, profile_stages, standard_plans, write_profile
+    from .stages import word
     from .tradeoff import tradeoffs
-    from .trainer import DEFAULT_CFG_DICT_CKPT
+    from .trainer import DEFAULT_CFG_DICT_CKPT, check_settings, is_auto
 
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
     cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
     model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
+    check_settings(model_name, vars(cfg))  # as train does: one line before anything is measured
     model = build_model(model_name).to(select_device(cfg.device, verbose=False))
     cfg.task = cfg.task or model.task
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
+    plans = standard_plans(model)
+    if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
+        plans["yours"] = (cfg.checkpoint_stages or [], word(cfg.checkpoint_mode) or "full", cfg.checkpoint_layers)
     stages = profile_stages(model, cfg.imgsz, batch, progress=True)
-    plans = compare_plans(model, cfg.imgsz, batch, standard_plans(model), progress=True)
+    plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True)
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
     extra = tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction)
     LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")

@@ -41,7 +41,8 @@ from .offline import provide_fonts
 from .profiler import with_plan
 from .recompute import MODES
 from .resources import data_file
-from .stages import CheckpointConfigError, CheckpointPlan, model_stages
+from .stages import CheckpointConfigError, CheckpointPlan, model_stages, word
+from .summary import autocast_dtype, compare_with_vanilla
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
@@ -71,7 +72,7 @@ def check_settings(model: Any, args: dict) -> None:
         if args.get("memory_budget") is None and not torch.cuda.is_available():
             raise CheckpointConfigError("checkpoint_stages=auto needs a memory target: memory_budget=24GB (any device) "
                                         "or a CUDA device (its memory).")
-    if (mode := args.get("checkpoint_mode") or "full") not in MODES:
+    if (mode := word(args.get("checkpoint_mode")) or "full") not in MODES:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
                                     f"'selective' (keep convolution outputs, recompute the rest).")
     if model is not None and not is_auto(args.get("checkpoint_stages")):
@@ -80,7 +81,7 @@ def check_settings(model: Any, args: dict) -> None:
 
 def is_auto(stages: Any) -> bool:
     """Whether ``checkpoint_stages`` asks for the plan to be chosen (``auto``)."""
-    return isinstance(stages, str) and stages.strip().lower() == "auto"
+    return word(stages) == "auto"
 
 
 def saved_settings(ckpt: dict) -> dict[str, Any]:
@@ -155,6 +156,17 @@ def reported_by_workers(trainer: Any) -> str | None:
     return error
 
 
+def auto_report(choice: Any, mode: str) -> list[str]:
+    """Log lines for ``auto``'s choice (a ``planner.Choice``): the trade-off table of the measured candidates and the
+    choice, or a single line when vanilla fits (nothing was weighed, so there is no table)."""
+    measured = f"measured {choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB"
+    if not choice.plan.regions:
+        return [f"auto: vanilla fits at batch {choice.batch} ({measured}): nothing recomputed"]
+    return [*(f"  {line}" for line in choice.table()),
+            f"auto chose {choice.plan.describe(mode)} at batch {choice.batch}: "
+            f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, {measured}"]
+
+
 class CheckpointMixin:
     """Hooks that add ``checkpoint_stages`` to an Ultralytics task trainer (listed first among the bases).
 
@@ -179,7 +191,7 @@ class CheckpointMixin:
         self.memory_meter: EpochPeak | None = None
         self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
         ours = [*CALLBACKS.items(), ("on_pretrain_routine_end", choose_auto_plan),
-                ("on_pretrain_routine_end", skip_frozen_stages)]
+                ("on_pretrain_routine_end", skip_frozen_stages), ("on_train_end", compare_with_vanilla)]
         for event, fn in ours:
             if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
                 self.add_callback(event, fn)
@@ -193,6 +205,7 @@ class CheckpointMixin:
             for k, default in CKPT_CFG_DICT.items():
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
+        self.args.checkpoint_mode = word(self.args.checkpoint_mode)  # what the recompute and args.yaml get
         self.created_dir = None if self.resume or RANK != -1 else new_run_dir(self.args)
 
     def get_dataset(self) -> dict:
@@ -332,7 +345,7 @@ class CheckpointMixin:
         """
         fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
-        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None  # as the train loop
+        amp = autocast_dtype(self)
         kw = dict(imgsz=imgsz, budget=parse_memory(self.args.memory_budget), fraction=fraction,
                   objects=max(max_num_obj, 1), amp=amp)
         LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of memory_budget={self.args.memory_budget} "
@@ -369,7 +382,7 @@ class CheckpointMixin:
             budget, source = free + torch.cuda.memory_allocated(self.device), f"{self.device} free memory"
         fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
-        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None
+        amp = autocast_dtype(self)
         batch = None if autobatch else max(self.batch_size // max(self.world_size, 1), 1)
         LOGGER.info(f"{PREFIX} auto: choosing the plan with the least recompute that fits {fraction:.0%} of {source} "
                     f"at imgsz={imgsz}, {'the largest batch' if autobatch else f'batch {batch}'}...")
@@ -388,11 +401,8 @@ class CheckpointMixin:
         if RANK in {-1, 0}:  # args.yaml holds the chosen plan, as last.pt does: resume restores it
             YAML.save(self.save_dir / "args.yaml", vars(self.args))
         enable_checkpointing(model, choice.plan, self.args.checkpoint_mode)
-        for line in choice.table():
-            LOGGER.info(f"{PREFIX}   {line}")
-        LOGGER.info(f"{PREFIX} auto chose {choice.plan.describe(self.args.checkpoint_mode)} at batch {choice.batch}: "
-                    f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, measured "
-                    f"{choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB")
+        for line in auto_report(choice, self.args.checkpoint_mode):
+            LOGGER.info(f"{PREFIX} {line}")
         return choice.batch
 
     def save_metrics(self, metrics: dict) -> None:
