@@ -261,3 +261,14 @@ def test_mode_reaches_training_in_lower_case(detect_data, tmp_path):
     trainer = DetectionTrainer(overrides={"data": detect_data, "model": "yolo11n.yaml", "project": str(tmp_path),
                                           "checkpoint_stages": [2], "checkpoint_mode": "Selective"})
     assert trainer.args.checkpoint_mode == "selective"
+
+
+def test_the_demo_steps_the_optimizer_every_batch_whatever_the_batch():
+    from ultralytics.utils import DEFAULT_CFG_DICT
+
+    from yolo_ckpt.cli import demo_settings
+
+    assert demo_settings({})["nbs"] == demo_settings({})["batch"] == 1
+    assert demo_settings({"batch": 8})["nbs"] == 8  # weight decay scales with batch / nbs: unchanged
+    assert demo_settings({"batch": -1})["nbs"] == DEFAULT_CFG_DICT["nbs"]  # AutoBatch: Ultralytics' own
+    assert demo_settings({"batch": 8, "nbs": 2})["nbs"] == 1  # the user's nbs wins when merged over the demo

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 AUDITED = """
 import json, sys
@@ -62,7 +63,12 @@ def test_val_handed_to_yolo_makes_no_network_call(trained, detect_data, tmp_path
 
 
 def test_profile_makes_no_network_call(tmp_path):
-    assert network_calls(tmp_path, "profile", "model=yolov8n.yaml", "imgsz=64", "batch=1", f"project={tmp_path}") == []
+    micro = tmp_path / "micro.yaml"  # three stages and a head: 30 plans to measure, seconds at 64 px
+    micro.write_text(yaml.safe_dump({"nc": 4, "backbone": [[-1, 1, "Conv", [8, 3, 2]], [-1, 1, "Conv", [16, 3, 2]],
+                                                           [-1, 1, "Conv", [16, 3, 2]]],
+                                     "head": [[[2], 1, "Detect", ["nc"]]]}))
+    assert network_calls(tmp_path, "profile", f"model={micro}", "imgsz=64", "batch=1", f"project={tmp_path}") == []
+    assert (tmp_path / "profile" / "tradeoff.png").is_file()
 
 
 def test_the_audit_sees_the_lookup_that_yolo_offline_alone_makes(detect_data, tmp_path):

@@ -3,9 +3,10 @@
 ``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
 defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
 checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (nothing to download), without
-``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task; ``data=synthetic_medical``
-(which ``cfg/medical_2048.yaml`` sets) picks the grayscale medical variant instead. Every other mode is handed to
-``yolo`` unchanged.
+``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task with the demo recipe
+``cfg/demo.yaml`` (unless ``cfg=`` is given); ``data=synthetic_medical`` (which ``cfg/medical_2048.yaml`` sets) picks
+the grayscale medical variant instead. ``help`` prints our keys and modes before Ultralytics' help, ``version`` our
+version beside Ultralytics' and torch's. Every other mode is handed to ``yolo`` unchanged.
 
 ``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
 
@@ -33,7 +34,7 @@ from ultralytics.cfg import (
     merge_equals_args,
     parse_key_value_pair,
 )
-from ultralytics.utils import LOGGER, YAML, checks
+from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
 
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
 DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch yolo26n.pt)
@@ -153,17 +154,31 @@ def given(args: list[str], key: str) -> bool:
     return any(a.removeprefix("--").split("=")[0] == key for a in merge_equals_args(args))
 
 
+def demo_settings(overrides: dict) -> dict:
+    """``cfg/demo.yaml``, with its optimizer step every batch kept when the command line changes the batch.
+
+    ``nbs`` (Ultralytics' nominal batch) is the demo's batch; a ``batch=`` of the user's gets ``nbs`` equal to it, as
+    weight decay scales with batch/nbs; AutoBatch (``batch`` < 1) gets Ultralytics' own ``nbs``.
+    """
+    from .resources import data_file
+
+    demo = YAML.load(data_file("cfg", DEMO))
+    batch = overrides.get("batch")
+    if isinstance(batch, (int, float)) and "nbs" not in overrides:
+        demo["nbs"] = int(batch) if batch >= 1 else DEFAULT_CFG_DICT["nbs"]
+    return demo
+
+
 def train(args: list[str]) -> None:
     """Run ``yolo-ckpt train ...``; without ``data=`` or ``cfg=``, the demo recipe ``cfg/demo.yaml`` fills in what the
     command line leaves out."""
-    from .resources import data_file
     from .stages import CheckpointConfigError
     from .trainer import YOLO, check_settings
 
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
     if not overrides.get("data") and not overrides.get("resume") and not given(args, "cfg"):  # the demo
-        overrides = {**YAML.load(data_file("cfg", DEMO)), **overrides}
+        overrides = {**demo_settings(overrides), **overrides}
     task = overrides.pop("task", None)
     if overrides.get("resume") and not overrides.get("model"):
         raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")

@@ -117,9 +117,9 @@ def skip_frozen_stages(trainer: Any) -> None:
         return
     kept, dropped = plan.without_frozen(model)
     if dropped:
-        LOGGER.warning(f"{PREFIX} {', '.join(map(str, dropped))} not recomputed: all their parameters are frozen and "
-                       f"no gradient flows into them, so they store nothing for backward; checkpointing "
-                       f"{kept.describe()}")
+        names = ", ".join(f"stage {d}" if isinstance(d, int) else d for d in dropped)  # stages as numbers, "layer i"
+        LOGGER.warning(f"{PREFIX} {names} not recomputed: frozen, with no gradient flowing in, so nothing is "
+                       f"stored for backward there; checkpointing {kept.describe()}")
         enable_checkpointing(model, kept, checkpoint_mode(model))
 
 
