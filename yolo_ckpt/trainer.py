@@ -179,7 +179,11 @@ class CheckpointMixin:
     - ``auto_batch``: AutoBatch measures the checkpointed model, or plans for ``memory_budget`` on any device;
       with ``checkpoint_stages=auto`` it chooses plan and batch together (``yolo_ckpt.planner``), and for a fixed batch
       ``choose_auto_plan`` chooses the plan at ``on_pretrain_routine_end``.
-    - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again.
+    - ``get_dataset``: with ``YOLO_OFFLINE``, the plotting font Ultralytics' dataset check looks up is local
+      (``yolo_ckpt.offline``), also in DDP workers.
+    - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again; a plan or batch
+      that cannot fit removes the run directory this run created before its one-line error.
+    - ``on_train_end`` with ``checkpoint_compare``: the run's plan measured against vanilla (``yolo_ckpt.summary``).
     - callbacks (``yolo_ckpt.epoch_memory``), ``save_metrics``, ``plot_metrics``: each epoch's peak memory goes to
       the console, results.csv, Ultralytics' loggers and memory.png; frozen stages are dropped from the plan.
     """
