@@ -1,11 +1,15 @@
 """`yolo-ckpt` against `yolo`: same grammar and errors; bad checkpoint_stages stop before any work."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import tomllib
+import yaml
 
 from yolo_ckpt import YOLO, CheckpointConfigError
 from yolo_ckpt.cli import parse_train_args
@@ -45,8 +49,65 @@ def test_unknown_key_gives_the_yolo_error():
     assert "Similar arguments are i.e. ['checkpoint_mode=full'" in last_line(typo.stderr)
 
 
+def in_process(args: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """``yolo-ckpt *args`` in this process (Ultralytics' entrypoint reads sys.argv, restored after), its output."""
+    from ultralytics.utils import LOGGER
+
+    from yolo_ckpt.cli import main
+
+    for h in LOGGER.handlers:  # bound to the stdout of import time: write to the captured one
+        monkeypatch.setattr(h, "stream", sys.stdout)
+    saved = sys.argv[:]
+    try:
+        rc = main(args)
+    finally:
+        sys.argv[:] = saved
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize("args", [["help"], ["train", "help"], ["train", "--help"], ["-h"], []])
+def test_help_lists_our_keys_and_profile_then_ultralytics_help(args, capsys, monkeypatch):
+    rc, text = in_process(args, capsys, monkeypatch)
+    assert rc == 0
+    ours = yaml.safe_load((Path(__file__).parents[1] / "cfg" / "default.yaml").read_text())
+    for key, default in ours.items():  # each key with its default, valid values and an example
+        block = text[text.index(f"    {key}  (default: "):]
+        assert block.startswith(f"    {key}  (default: {'none' if default is None else default})")
+        assert "valid:" in block.splitlines()[1] and f"example: yolo-ckpt train {key}=" in block
+    assert "yolo-ckpt profile model=" in text and "Traceback" not in text
+    theirs = run(YOLO_BIN, "help").stdout
+    assert theirs.strip().splitlines()[-1] in text and text.index("profile") < text.index("yolo TASK MODE ARGS")
+
+
+@pytest.fixture(scope="module")
+def yolo11n():
+    from ultralytics.nn.tasks import DetectionModel
+
+    return DetectionModel("yolo11n.yaml", verbose=False)
+
+
+def test_help_examples_are_valid_settings(yolo11n):
+    from yolo_ckpt.cli import KEY_HELP
+    from yolo_ckpt.trainer import check_settings
+
+    for key, (_, example) in KEY_HELP.items():
+        parsed = parse_train_args(["train", example])
+        assert list(parsed) == ["mode", key]
+        check_settings(yolo11n, parsed)  # raises for an invalid value
+
+
+@pytest.mark.parametrize("word", ["version", "--version", "-v"])
+def test_version_prints_ours_and_ultralytics(word, capsys, monkeypatch):
+    import ultralytics
+
+    rc, text = in_process([word], capsys, monkeypatch)
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    lines = text.splitlines()
+    assert rc == 0 and lines[:2] == [f"yolo-ckpt {project}", f"ultralytics {ultralytics.__version__}"]
+
+
 def test_other_modes_are_yolo():
-    assert run(sys.executable, "-m", "yolo_ckpt", "version").stdout == run(YOLO_BIN, "version").stdout
     ours = run(sys.executable, "-m", "yolo_ckpt", "val", "model=yolo11n.yaml", "checkpoint_stages=2")
     theirs = run(YOLO_BIN, "val", "model=yolo11n.yaml", "checkpoint_stages=2")
     assert last_line(ours.stderr) == last_line(theirs.stderr)  # our key is train-only, as in `yolo`
@@ -114,14 +175,23 @@ def test_resume_without_model_is_one_line(tmp_path):
 @pytest.mark.parametrize("args, task", [(["segment", "train"], "segment"),
                                         (["train", "model=yolov8n-cls.yaml"], "classify")])
 def test_defaults_follow_the_task(args, task, tmp_path):
-    """Without model= or data=, the task's own model YAML and embedded dataset are used."""
-    out = run("yolo-ckpt", *args, "epochs=1", "imgsz=64", "checkpoint_stages=all", f"project={tmp_path}", "name=r",
-              "plots=False")
+    """Without model= or data=, the task's own model YAML, its embedded dataset and the demo recipe are used, and
+    the run ends by comparing its plan with vanilla."""
+    out = run(sys.executable, "-m", "yolo_ckpt", *args, "epochs=1", "imgsz=64", "checkpoint_stages=all",
+              f"project={tmp_path}", "name=r", "plots=False")
     assert out.returncode == 0, out.stderr[-3000:]
-    import yaml
-
     saved = yaml.safe_load((tmp_path / "r" / "args.yaml").read_text())
     assert saved["task"] == task and f"/{task}" in saved["data"]
+    demo = yaml.safe_load((Path(__file__).parents[1] / "cfg" / "demo.yaml").read_text())
+    assert {k: saved[k] for k in demo} == {**demo, "epochs": 1, "imgsz": 64}  # the command line wins
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+    vanilla = re.search(r"checkpoint:   vanilla +([\d.]+) +1\.000x +1\.000x +1\.000x", text)
+    ours = re.search(r"checkpoint:   stages \[[\d, ]+\] +([\d.]+) +([\d.]+)x +([\d.]+)x", text)
+    assert vanilla and ours and float(ours[3]) > 1.0  # the recompute adds FLOPs
+    assert abs(float(ours[1]) / float(vanilla[1]) - float(ours[2])) < 0.01
+    column = [line.split(",") for line in (tmp_path / "r" / "results.csv").read_text().splitlines()]
+    peak = max(float(r[column[0].index("mem/peak_tensor_GB")]) for r in column[1:])  # the run's own peak
+    assert f"this run peaked at {peak:.3f} GB (mem/peak_tensor_GB in results.csv)" in text
 
 
 def test_bad_mode_rejected_before_any_work(tmp_path):
@@ -140,3 +210,65 @@ def test_bad_layers_cli_one_line_before_any_work(value, tmp_path):
     assert errors[0].endswith("Valid: 'head' (every layer after the backbone that stores activations), layer indices "
                               "0-23, [first, last] ranges of them, or [] for none.")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_profile_checks_our_keys_before_measuring(tmp_path):
+    out = run(sys.executable, "-m", "yolo_ckpt", "profile", "checkpoint_stages=7", f"project={tmp_path}")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "yolo-ckpt: error: checkpoint_stages=7: yolo11n.yaml has no stage 7. Valid: a list of distinct stage numbers "
+        "from {1, 2, 3, 4, 5}, a single stage, 'all', 'auto' (with memory_budget or CUDA), or [] for off."]
+    assert "plans" not in out.stdout + out.stderr and list(tmp_path.iterdir()) == []  # nothing measured or written
+
+
+WORDS = {"checkpoint_stages": ["ALL", " All ", "AUTO"], "checkpoint_layers": ["Head"],
+         "checkpoint_mode": ["SELECTIVE", "Selective", " Full "], "memory_budget": ["24gb", "24Gb", "512mib"]}
+
+
+@pytest.fixture(scope="module")
+def small():
+    from copy import deepcopy
+
+    from ultralytics.nn.tasks import DetectionModel
+
+    from support import SMALL
+
+    return DetectionModel(deepcopy(SMALL), verbose=False)
+
+
+@pytest.mark.parametrize("key", WORDS)
+def test_one_case_rule_for_every_word_value(key, small):
+    """Word values of every key of ours are case-insensitive: each spelling means what the lower-case word means."""
+    from yolo_ckpt.autobatch import parse_memory
+    from yolo_ckpt.stages import CheckpointPlan
+    from yolo_ckpt.trainer import check_settings
+
+    base = {"memory_budget": "2GB"} if key == "checkpoint_stages" else {}  # auto needs a target without CUDA
+    for value in WORDS[key]:
+        check_settings(small, {**base, key: value})
+        lower = value.strip().lower()
+        if key == "checkpoint_stages" and lower == "all":
+            assert CheckpointPlan.from_spec(small, value) == CheckpointPlan.from_spec(small, lower)
+        if key == "checkpoint_layers":
+            assert CheckpointPlan.from_spec(small, [], value) == CheckpointPlan.from_spec(small, [], lower)
+        if key == "memory_budget":
+            assert parse_memory(value) == parse_memory(lower)
+
+
+def test_mode_reaches_training_in_lower_case(detect_data, tmp_path):
+    from yolo_ckpt import DetectionTrainer
+
+    trainer = DetectionTrainer(overrides={"data": detect_data, "model": "yolo11n.yaml", "project": str(tmp_path),
+                                          "checkpoint_stages": [2], "checkpoint_mode": "Selective"})
+    assert trainer.args.checkpoint_mode == "selective"
+
+
+def test_the_demo_steps_the_optimizer_every_batch_whatever_the_batch():
+    from ultralytics.utils import DEFAULT_CFG_DICT
+
+    from yolo_ckpt.cli import demo_settings
+
+    assert demo_settings({})["nbs"] == demo_settings({})["batch"] == 1
+    assert demo_settings({"batch": 8})["nbs"] == 8  # weight decay scales with batch / nbs: unchanged
+    assert demo_settings({"batch": -1})["nbs"] == DEFAULT_CFG_DICT["nbs"]  # AutoBatch: Ultralytics' own
+    assert demo_settings({"batch": 8, "nbs": 2})["nbs"] == 1  # the user's nbs wins when merged over the demo

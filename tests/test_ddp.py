@@ -18,7 +18,7 @@ from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import DEFAULT_CFG_DICT
 from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
 
-from yolo_ckpt import CheckpointPlan, DetectionTrainer
+from yolo_ckpt import CheckpointConfigError, CheckpointPlan, DetectionTrainer
 from yolo_ckpt.epoch_memory import CALLBACKS
 
 from support import (
@@ -107,3 +107,17 @@ def test_our_callbacks_are_registered_once_however_the_trainer_is_built(detect_d
     for trainer in (first, worker):
         for event, fn in CALLBACKS.items():
             assert trainer.callbacks[event].count(fn) == 1, event
+
+
+def test_two_process_ddp_nothing_fits_is_one_error_and_no_run_dir(detect_data, tmp_path, capfd):
+    """auto finds no plan in the workers (after the run directory exists): the launching process raises the one line
+    the workers reported, no worker prints a traceback, and the run directory is gone. (AutoBatch is single-process
+    in Ultralytics: batch=-1 with several devices is Ultralytics' own error, before any worker starts.)"""
+    with pytest.raises(CheckpointConfigError, match=r"^checkpoint_stages=auto: nothing fits .* memory_budget=\d+MB "
+                                                    r"would fit it") as e:
+        ultralytics.YOLO("yolo11n.yaml").train(trainer=CkptGloo, data=detect_data, project=str(tmp_path), name="r",
+                                               **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160},
+                                               checkpoint_stages="auto", memory_budget="70MB")  # < model state
+    out = capfd.readouterr()  # the workers' output (the parent's logger writes past capfd)
+    assert "\n" not in str(e.value) and "Traceback" not in out.out + out.err
+    assert "auto: choosing the plan" in out.out and list(tmp_path.iterdir()) == []  # the workers planned; nothing left

@@ -199,3 +199,24 @@ def test_cuda_epochs():
     assert set(stats) == {"mem/peak_alloc_GB", "mem/peak_reserved_GB"}
     assert stats["mem/peak_alloc_GB"] == (base + 8 * 2**20) / GB
     assert stats["mem/peak_reserved_GB"] >= stats["mem/peak_alloc_GB"]
+
+
+@pytest.mark.parametrize("n", [1, 3, 40])
+def test_memory_plot_ticks_whole_epochs_only(n):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from yolo_ckpt.epoch_memory import epoch_ticks
+
+    fig, ax = plt.subplots()
+    epochs = np.arange(1, n + 1, dtype=float)
+    ax.plot(epochs, epochs)
+    epoch_ticks(ax, epochs)
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert lo < 1 and hi > n and 1 <= len(ticks) <= max(n, 1) and all(float(t).is_integer() for t in ticks)
+    plt.close(fig)

@@ -17,7 +17,7 @@ from yolo_ckpt.measure import measure_peak, step_bytes, step_loss, training_batc
 from yolo_ckpt.model import disable_checkpointing
 from yolo_ckpt.planner import NothingFits, candidates, choose_plan, choose_plan_and_batch, unit_costs
 from yolo_ckpt.stages import CheckpointConfigError
-from yolo_ckpt.trainer import check_settings, saved_settings
+from yolo_ckpt.trainer import auto_report, check_settings, saved_settings
 
 from support import SMALL, assert_same_training, auto_budget, train_pair
 
@@ -60,6 +60,18 @@ def test_auto_fits_and_is_the_cheapest_fitting_plan(small, exhaustive, share):
     assert choice.measured_bytes == nbytes <= target
     assert flops <= 1.01 * min(f for _, _, f in fitting)
     assert choice.plan.regions and len(choice.tried) <= 15
+
+
+def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive):
+    """When vanilla fits, one line says so (no empty trade-off table); otherwise the table lists what was measured."""
+    costs, fixed, peak, rows = exhaustive
+    vanilla = step_bytes(small, IMGSZ, BATCH)  # the target vanilla just fits
+    lines = auto_report(choose_plan(small, IMGSZ, BATCH, vanilla, costs=costs), "full")
+    assert len(lines) == 1 and lines[0].startswith(f"auto: vanilla fits at batch {BATCH} (measured ")
+    tight = choose_plan(small, IMGSZ, BATCH, fixed + int(0.6 * peak), costs=costs)
+    lines = auto_report(tight, tight.candidate.mode)
+    assert lines[0].split() == ["plan", "FLOPs", "predicted", "GB", "measured", "GB"]
+    assert len(lines) >= 3 and sum("<- chosen" in line for line in lines) == 1 and lines[-1].startswith("auto chose")
 
 
 def test_nothing_fits_says_what_would(small, exhaustive):

@@ -74,3 +74,25 @@ def test_profile_command_writes_results(tmp_path):
     least = min(rows, key=lambda r: r["step_bytes"])
     assert least["pareto"] and least["largest_imgsz"] >= 64 > rows[0]["largest_imgsz"]
     assert "plans: 100%" in out.stderr + out.stdout  # progress was shown
+
+
+def test_plot_labels_are_a_legend_beside_the_axes():
+    """Points that coincide or sit near the frame keep readable labels: none is drawn on the axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from yolo_ckpt.plots import legend_points
+
+    rows = [{"plan": "all + head", "x": 1.3, "y": 0.47}, {"plan": "all + head selective", "x": 1.3, "y": 0.47},
+            {"plan": "none", "x": 1.0, "y": 1.0}]
+    fig, ax = plt.subplots()
+    legend_points(ax, rows, "x", "y", lambda r: r["plan"])
+    fig.canvas.draw()
+    legend = ax.get_legend()
+    assert len(ax.texts) == 0 and [t.get_text() for t in legend.get_texts()] == [r["plan"] for r in rows]
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the axes, not over the points
+    lo, hi = ax.get_xlim()
+    assert lo < 1.0 and hi > 1.3  # no point on the frame
+    plt.close(fig)

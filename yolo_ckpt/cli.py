@@ -3,9 +3,10 @@
 ``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
 defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
 checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (nothing to download), without
-``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task; ``data=synthetic_medical``
-(which ``cfg/medical_2048.yaml`` sets) picks the grayscale medical variant instead. Every other mode is handed to
-``yolo`` unchanged.
+``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task with the demo recipe
+``cfg/demo.yaml`` (unless ``cfg=`` is given); ``data=synthetic_medical`` (which ``cfg/medical_2048.yaml`` sets) picks
+the grayscale medical variant instead. ``help`` prints our keys and modes before Ultralytics' help, ``version`` our
+version beside Ultralytics' and torch's. Every other mode is handed to ``yolo`` unchanged.
 
 ``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,8 +34,9 @@ from ultralytics.cfg import (
     merge_equals_args,
     parse_key_value_pair,
 )
-from ultralytics.utils import LOGGER, YAML, checks
+from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
 
+DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
 DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch yolo26n.pt)
     "detect": "yolo11n.yaml",
     "segment": "yolo11n-seg.yaml",
@@ -41,6 +44,66 @@ DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch y
     "obb": "yolo11n-obb.yaml",
     "classify": "yolo11n-cls.yaml",
 }
+
+
+KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yaml
+    "checkpoint_stages": ("backbone stage numbers (stage k: output stride 2^k; yolo11n has 1-5) as a list, one stage, "
+                          "'all', 'auto' (the plan with the least recompute that fits; needs memory_budget or CUDA), "
+                          "or [] for off", "checkpoint_stages=[2,3]"),
+    "checkpoint_layers": ("'head' (every layer after the backbone that stores activations), layer indices and "
+                          "[first, last] ranges (one region each), or [] for none", "checkpoint_layers=head"),
+    "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep convolution outputs: "
+                        "almost no recompute FLOPs, less saving)", "checkpoint_mode=selective"),
+    "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
+    "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "
+                      "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),
+}
+HELP_WORDS = {"help", "h"}  # as Ultralytics' entrypoint: help, h, -h, --help, ... (8.4.190)
+VERSION_WORDS = {"version", "v"}
+
+
+def _special(args: list[str]) -> str | None:
+    """``help`` or ``version`` when a bare token asks for it (the first one wins, as in ``yolo``), else ``None``."""
+    for a in args:
+        word = a.lstrip("-").lower()
+        if "=" not in a and word in HELP_WORDS | VERSION_WORDS:
+            return "help" if word in HELP_WORDS else "version"
+    return None
+
+
+def help_text() -> str:
+    """yolo-ckpt's own help: its modes, and each of its keys with default, valid values and an example."""
+    from .trainer import CKPT_CFG_DICT
+
+    lines = [
+        "yolo-ckpt: the `yolo` command with activation checkpointing in `train`, and a `profile` mode.",
+        "",
+        "    yolo-ckpt train [yolo train ARGS] [yolo-ckpt KEYS]   train, recomputing the chosen regions in backward",
+        "    yolo-ckpt train checkpoint_stages=all                the demo: yolo11n on the embedded dataset, offline",
+        "    yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4 [memory_budget=24GB]",
+        "                                                         measure one training step per checkpoint plan",
+        "    yolo-ckpt version                                    yolo-ckpt, Ultralytics and torch versions",
+        "    yolo-ckpt val|predict|export|... ARGS                `yolo` unchanged",
+        "",
+        "yolo-ckpt keys (train and profile; defaults from cfg/default.yaml; word values such as all, auto, head,",
+        "full, selective and GB are case-insensitive):",
+    ]
+    for key, default in CKPT_CFG_DICT.items():
+        valid, example = KEY_HELP[key]
+        lines += [f"    {key}  (default: {'none' if default is None else default})",
+                  textwrap.fill(valid, 118, initial_indent=" " * 8 + "valid:   ", subsequent_indent=" " * 17),
+                  f"        example: yolo-ckpt train {example}"]
+    return "\n".join([*lines, "", "Ultralytics' own help follows; every `yolo` argument works with yolo-ckpt too."])
+
+
+def versions() -> str:
+    """``yolo-ckpt 0.1.0``, ``ultralytics 8.4.190`` and ``torch ...``, one per line."""
+    import torch
+    import ultralytics
+
+    from . import __version__
+
+    return f"yolo-ckpt {__version__}\nultralytics {ultralytics.__version__}\ntorch {torch.__version__}"
 
 
 def parse_train_args(args: list[str]) -> dict:
@@ -86,13 +149,36 @@ def parse_train_args(args: list[str]) -> dict:
     return overrides
 
 
+def given(args: list[str], key: str) -> bool:
+    """Whether the command line sets ``key`` (``key=value``, also ``--key=value`` or with spaces around ``=``)."""
+    return any(a.removeprefix("--").split("=")[0] == key for a in merge_equals_args(args))
+
+
+def demo_settings(overrides: dict) -> dict:
+    """``cfg/demo.yaml``, with its optimizer step every batch kept when the command line changes the batch.
+
+    ``nbs`` (Ultralytics' nominal batch) is the demo's batch; a ``batch=`` of the user's gets ``nbs`` equal to it, as
+    weight decay scales with batch/nbs; AutoBatch (``batch`` < 1) gets Ultralytics' own ``nbs``.
+    """
+    from .resources import data_file
+
+    demo = YAML.load(data_file("cfg", DEMO))
+    batch = overrides.get("batch")
+    if isinstance(batch, (int, float)) and "nbs" not in overrides:
+        demo["nbs"] = int(batch) if batch >= 1 else DEFAULT_CFG_DICT["nbs"]
+    return demo
+
+
 def train(args: list[str]) -> None:
-    """Run ``yolo-ckpt train ...``."""
+    """Run ``yolo-ckpt train ...``; without ``data=`` or ``cfg=``, the demo recipe ``cfg/demo.yaml`` fills in what the
+    command line leaves out."""
     from .stages import CheckpointConfigError
     from .trainer import YOLO, check_settings
 
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
+    if not overrides.get("data") and not overrides.get("resume") and not given(args, "cfg"):  # the demo
+        overrides = {**demo_settings(overrides), **overrides}
     task = overrides.pop("task", None)
     if overrides.get("resume") and not overrides.get("model"):
         raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
@@ -133,18 +219,26 @@ def embedded_variant(data: object) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``yolo-ckpt`` (and ``python -m yolo_ckpt``)."""
+    from .offline import provide_fonts
     from .stages import CheckpointConfigError
 
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["profile"]:
-        profile(args[1:])
+    provide_fonts()  # YOLO_OFFLINE: every mode, `yolo val` too, finds its plotting font without a network call
+    special = _special(args) if args else "help"
+    if special == "version":
+        LOGGER.info(versions())
         return 0
-    if "train" not in args:
+    if special == "help":
+        LOGGER.info(help_text())
+    if special or "train" not in args and args[:1] != ["profile"]:
         sys.argv[:] = ["yolo", *args]  # in place: Ultralytics' entrypoint reads its ARGV alias of sys.argv
         entrypoint()
         return 0
     try:
-        train(args)
+        if args[:1] == ["profile"]:
+            profile(args[1:])
+        else:
+            train(args)
     except CheckpointConfigError as e:
         print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2
@@ -159,17 +253,22 @@ def profile(args: list[str]) -> list[Path]:
 
     from .measure import build_model
     from .profiler import compare_plans, profile_stages, standard_plans, write_profile
+    from .stages import word
     from .tradeoff import tradeoffs
-    from .trainer import DEFAULT_CFG_DICT_CKPT
+    from .trainer import DEFAULT_CFG_DICT_CKPT, check_settings, is_auto
 
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
     cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
     model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
+    check_settings(model_name, vars(cfg))  # as train does: one line before anything is measured
     model = build_model(model_name).to(select_device(cfg.device, verbose=False))
     cfg.task = cfg.task or model.task
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
+    plans = standard_plans(model)
+    if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
+        plans["yours"] = (cfg.checkpoint_stages or [], word(cfg.checkpoint_mode) or "full", cfg.checkpoint_layers)
     stages = profile_stages(model, cfg.imgsz, batch, progress=True)
-    plans = compare_plans(model, cfg.imgsz, batch, standard_plans(model), progress=True)
+    plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True)
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
     extra = tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction)
     LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")

@@ -24,6 +24,7 @@ from torch import nn
 
 from .measure import measure_step, planned_copy, step_loss, time_steps, training_batch, with_plan
 from .model import disable_checkpointing
+from .plots import legend_points
 from .stages import CheckpointPlan, model_stages
 
 
@@ -166,13 +167,11 @@ def write_profile(save_dir: Path, stages: list[dict], plans: list[dict], extra: 
             writer = csv.DictWriter(f, fieldnames=list({k: None for r in rows for k in r}))  # every row's keys
             writer.writeheader()
             writer.writerows(rows)
-    fig, ax = plt.subplots(figsize=(6, 4.5), tight_layout=True)
-    for r in plans:
-        ax.scatter(r["time_ratio"], r["peak_ratio"], color="tab:blue")
-        ax.annotate(r["plan"], (r["time_ratio"], r["peak_ratio"]), textcoords="offset points", xytext=(4, 4))
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    legend_points(ax, plans, "time_ratio", "peak_ratio", lambda r: r["plan"])
     ax.set(xlabel="step time / vanilla", ylabel="peak live tensor bytes / vanilla", title="checkpointing trade-off")
     ax.grid(alpha=0.3)
-    fig.savefig(paths[3], dpi=150)
+    fig.savefig(paths[3], dpi=150, bbox_inches="tight")
     plt.close(fig)
     if extra:
         from .tradeoff import plot_front

@@ -194,6 +194,12 @@ def _model_name(model: Any) -> str:
     return Path(str(yaml.get("yaml_file") or type(model).__name__)).name
 
 
+def word(value: Any) -> Any:
+    """The case rule of all our keys: a word value (``all``, ``auto``, ``head``, ``full``, ``selective``, and memory
+    units) is read case-insensitively, spaces around it ignored; any other value is returned as it is."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def parse_stage_spec(spec: Any) -> list[int] | None:
     """Check the form of a ``checkpoint_stages`` value without a model.
 
@@ -212,7 +218,7 @@ def parse_stage_spec(spec: Any) -> list[int] | None:
     """
     if spec is None:
         return []
-    if isinstance(spec, str) and spec.strip().lower() == "all":
+    if word(spec) == "all":
         return None
     items = list(spec) if isinstance(spec, (list, tuple)) else [spec]
     for k in items:
@@ -281,7 +287,7 @@ def parse_layer_spec(spec: Any) -> list[tuple[int, int]] | None:
     """
     if spec is None:
         return []
-    if isinstance(spec, str) and spec.strip().lower() == "head":
+    if word(spec) == "head":
         return None
     ranges = []
     for item in list(spec) if isinstance(spec, (list, tuple)) else [spec]:

@@ -35,6 +35,7 @@ from .measure import (
 )
 from .model import disable_checkpointing
 from .planner import Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
+from .plots import legend_points
 
 
 def _row(c: Candidate | None, nbytes: int, flops: int, base: tuple[int, int]) -> dict:
@@ -177,20 +178,18 @@ def plot_front(rows: list[dict], path, chosen: dict | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 5), tight_layout=True)
+    fig, ax = plt.subplots(figsize=(7, 5))
     ax.scatter([r["flops_ratio"] for r in rows], [r["peak_ratio"] for r in rows], s=12, color="tab:gray",
                label="candidate plans")
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["flops_ratio"])
-    ax.plot([r["flops_ratio"] for r in front], [r["peak_ratio"] for r in front], "o-", color="tab:blue",
+    ax.plot([r["flops_ratio"] for r in front], [r["peak_ratio"] for r in front], "-", color="tab:blue",
             label="Pareto front")
-    for r in front:
-        note = f"{r['plan']}" + (f" ({r['time_ratio']:.2f}x time)" if "time_ratio" in r else "")
-        ax.annotate(note, (r["flops_ratio"], r["peak_ratio"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if chosen:
         ax.scatter([chosen["flops_ratio"]], [chosen["peak_ratio"]], s=160, facecolors="none", edgecolors="tab:red",
                    linewidths=2, label=f"auto: {chosen['plan']}")
+    legend_points(ax, front, "flops_ratio", "peak_ratio",
+                  lambda r: r["plan"] + (f" ({r['time_ratio']:.2f}x time)" if "time_ratio" in r else ""))
     ax.set(xlabel="FLOPs / vanilla", ylabel="step memory / vanilla", title="checkpoint plans: memory vs recompute")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)

@@ -17,14 +17,16 @@ Example:
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 import ultralytics
 from torch import nn
-from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict
+from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict, get_save_dir
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
 from ultralytics.utils import LOGGER, RANK, YAML, IterableSimpleNamespace, colorstr
@@ -37,9 +39,11 @@ from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .escalation import Snapshot, keeps_least, next_plan
 from .measure import planned_copy
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .offline import provide_fonts
 from .recompute import MODES
 from .resources import data_file
-from .stages import CheckpointConfigError, CheckpointPlan, model_stages
+from .stages import CheckpointConfigError, CheckpointPlan, model_stages, word
+from .summary import autocast_dtype, compare_with_vanilla
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
@@ -74,7 +78,7 @@ def check_settings(model: Any, args: dict) -> None:
                 not trains_on_cuda(args.get("device")):
             raise CheckpointConfigError("checkpoint_stages=auto needs a memory target: memory_budget=24GB (any "
                                         "device), a CUDA device (its memory) or simulate_gpu=24GB with device=cpu.")
-    if (mode := args.get("checkpoint_mode") or "full") not in MODES:
+    if (mode := word(args.get("checkpoint_mode")) or "full") not in MODES:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
                                     f"'selective' (keep convolution outputs, recompute the rest).")
     if model is not None and not is_auto(args.get("checkpoint_stages")):
@@ -92,7 +96,7 @@ def trains_on_cuda(device: Any) -> bool:
 
 def is_auto(stages: Any) -> bool:
     """Whether ``checkpoint_stages`` asks for the plan to be chosen (``auto``)."""
-    return isinstance(stages, str) and stages.strip().lower() == "auto"
+    return word(stages) == "auto"
 
 
 def saved_settings(ckpt: dict) -> dict[str, Any]:
@@ -148,10 +152,54 @@ def skip_frozen_stages(trainer: Any) -> None:
         return
     kept, dropped = plan.without_frozen(model)
     if dropped:
-        LOGGER.warning(f"{PREFIX} {', '.join(map(str, dropped))} not recomputed: all their parameters are frozen and "
-                       f"no gradient flows into them, so they store nothing for backward; checkpointing "
-                       f"{kept.describe()}")
+        names = ", ".join(f"stage {d}" if isinstance(d, int) else d for d in dropped)  # stages as numbers, "layer i"
+        LOGGER.warning(f"{PREFIX} {names} not recomputed: frozen, with no gradient flowing in, so nothing is "
+                       f"stored for backward there; checkpointing {kept.describe()}")
         enable_checkpointing(model, kept, checkpoint_mode(model))
+
+
+WORKER_ERROR = "yolo_ckpt_error.txt"  # a DDP worker's one-line error, for the launching process to raise
+
+
+def new_run_dir(args: Any) -> Path | None:
+    """The run directory Ultralytics will create for ``args`` (``get_save_dir``, as ``BaseTrainer.__init__`` calls it
+    next), or ``None`` when it exists already (``exist_ok=True``): only a directory this run creates is ever removed."""
+    path = get_save_dir(args)
+    return None if path.exists() else path
+
+
+def remove_created_dir(trainer: Any) -> None:
+    """Remove the run directory, if this run created it (never a pre-existing one, never on resume)."""
+    created = getattr(trainer, "created_dir", None)
+    if created is not None and Path(trainer.save_dir).resolve() == created:
+        shutil.rmtree(created, ignore_errors=True)
+
+
+def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
+    """In a DDP worker: leave the line where the launching process looks (every rank plans alike; rank 0 writes)."""
+    if RANK == 0:
+        (Path(trainer.save_dir) / WORKER_ERROR).write_text(str(error))
+
+
+def reported_by_workers(trainer: Any) -> str | None:
+    """In the launching process of DDP: the line a worker reported (the file is removed), or ``None``."""
+    file = Path(trainer.save_dir) / WORKER_ERROR
+    if not trainer.ddp or not file.is_file():
+        return None
+    error = file.read_text()
+    file.unlink()
+    return error
+
+
+def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "") -> list[str]:
+    """Log lines for ``auto``'s choice (a ``planner.Choice``): the trade-off table of the measured candidates and the
+    choice, or a single line when vanilla fits (nothing was weighed, so there is no table)."""
+    measured = f"{how} {choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB"
+    if not choice.plan.regions:
+        return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
+    return [*(f"  {line}" for line in choice.table()),
+            f"auto chose {choice.plan.describe(mode)} at batch {choice.batch}{capped}: "
+            f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, {measured}"]
 
 
 class CheckpointMixin:
@@ -166,7 +214,11 @@ class CheckpointMixin:
     - ``auto_batch``: AutoBatch measures the checkpointed model, or plans for ``memory_budget`` on any device;
       with ``checkpoint_stages=auto`` it chooses plan and batch together (``yolo_ckpt.planner``), and for a fixed batch
       ``choose_auto_plan`` chooses the plan at ``on_pretrain_routine_end``.
-    - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again.
+    - ``get_dataset``: with ``YOLO_OFFLINE``, the plotting font Ultralytics' dataset check looks up is local
+      (``yolo_ckpt.offline``), also in DDP workers.
+    - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again; a plan or batch
+      that cannot fit removes the run directory this run created before its one-line error.
+    - ``on_train_end`` with ``checkpoint_compare``: the run's plan measured against vanilla (``yolo_ckpt.summary``).
     - callbacks (``yolo_ckpt.epoch_memory``), ``save_metrics``, ``plot_metrics``: each epoch's peak memory goes to
       the console, results.csv, Ultralytics' loggers and memory.png; frozen stages are dropped from the plan.
     """
@@ -185,7 +237,7 @@ class CheckpointMixin:
         self._escalate = False
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
                 ("on_pretrain_routine_end", choose_auto_plan),
-                ("on_pretrain_routine_end", skip_frozen_stages)]
+                ("on_pretrain_routine_end", skip_frozen_stages), ("on_train_end", compare_with_vanilla)]
         for event, fn in ours:
             if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
                 self.add_callback(event, fn)
@@ -199,6 +251,14 @@ class CheckpointMixin:
             for k, default in CKPT_CFG_DICT.items():
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
+        self.args.checkpoint_mode = word(self.args.checkpoint_mode)  # what the recompute and args.yaml get
+        self.created_dir = None if self.resume or RANK != -1 else new_run_dir(self.args)
+
+    def get_dataset(self) -> dict:
+        """Ultralytics' dataset check, which looks up its plotting font: offline, give it a local one first (also in
+        DDP workers, which never run ``yolo-ckpt``'s entry point)."""
+        provide_fonts()
+        return super().get_dataset()
 
     def get_model(self, cfg=None, weights=None, verbose: bool = True):
         """Build the Ultralytics model and install the checkpoint plan on it."""
@@ -229,6 +289,10 @@ class CheckpointMixin:
         ``Model.train`` hands the trainer's model to ``YOLO.model``; after a failed run that object is what a user
         saves or trains next, so the plan must not outlive training. With ``simulate_gpu`` the whole run, the model
         built before it included, lives on a ``SimulatedDevice`` of that size.
+
+        A one-line error of ours that comes once Ultralytics has created the run directory (a plan or batch that
+        cannot fit) removes the directory this run created first, so nothing is left behind and the next run keeps
+        its name; a DDP worker hands the line to the launching process instead of a traceback.
         """
         with ExitStack() as stack:
             if self.args.simulate_gpu is not None:
@@ -238,12 +302,22 @@ class CheckpointMixin:
                 LOGGER.info(f"{PREFIX} simulate_gpu={self.args.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device on "
                             f"CPU, exact tensor bytes")
             try:
-                return super().train()
+                result = super().train()
+            except CheckpointConfigError as e:
+                if RANK != -1:  # a DDP worker: end quietly, the launching process raises the one line
+                    report_to_launcher(self, e)
+                    return None
+                remove_created_dir(self)
+                raise
             finally:
                 for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
                     if isinstance(model, nn.Module):
                         disable_checkpointing(unwrap_model(model))
                 close_epoch_memory(self)
+        if error := reported_by_workers(self):
+            remove_created_dir(self)
+            raise CheckpointConfigError(error)
+        return result
 
     @contextmanager
     def _ultralytics_args(self) -> Iterator[None]:
@@ -352,7 +426,7 @@ class CheckpointMixin:
         """
         budget, fraction, source = self._memory_target()
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
-        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None  # as the train loop
+        amp = autocast_dtype(self)
         kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1), amp=amp)
         self.memory_target = int(fraction * budget)
         LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of {source} at imgsz={imgsz}"
@@ -413,7 +487,7 @@ class CheckpointMixin:
 
         budget, fraction, source = self._memory_target()
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
-        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None
+        amp = autocast_dtype(self)
         batch = None if autobatch else max(self.batch_size // max(self.world_size, 1), 1)
         cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
         self.memory_target = int(fraction * budget)
@@ -433,14 +507,9 @@ class CheckpointMixin:
             raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
         self._plan_costs = choice.costs  # escalation on out-of-memory starts from them
         s = choice.candidate.settings
-        lines = [f"{PREFIX}   {line}" for line in choice.table()]
         how = "extrapolated from batches the device holds" if choice.extrapolated else "measured"
-        name = CheckpointPlan.from_spec(model, s["checkpoint_stages"], s["checkpoint_layers"]).describe(
-            s["checkpoint_mode"])
         capped = f" (capped to the {cap} training images)" if autobatch and choice.batch == cap == dataset_size else ""
-        lines.append(f"{PREFIX} auto chose {name} at batch {choice.batch}{capped}: "
-                     f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, {how} "
-                     f"{choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB")
+        lines = [f"{PREFIX} {line}" for line in auto_report(choice, s["checkpoint_mode"], how, capped)]
         if self.device.type == "cuda":
             lines.append(self._confirm_on_cuda(model, s, choice.batch, imgsz, objects, amp))
         return {"settings": s, "batch": choice.batch, "lines": lines}
@@ -507,7 +576,7 @@ class CheckpointMixin:
         old = {k: getattr(self.args, k) for k in keys}
         release(self.device)  # the failed step's tensors, held by the traceback until now
         imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
-        amp = torch.bfloat16 if self.args.amp == "bf16" else torch.float16 if self.amp else None
+        amp = autocast_dtype(self)
         settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp, self._plan_costs)
         for k, v in settings.items():
             setattr(self.args, k, v)
