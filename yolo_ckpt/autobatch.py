@@ -129,8 +129,8 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
     first = probe_step(model, imgsz, 1, objects, amp, room.limit)
     if first is None or first.bytes > target:
         where = "the device" if room.device is not None and room.device < target else f"{target / 2**30:.3f} GB"
-        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} does not fit {where}" +
-                         (f" (needs {first.bytes / 2**30:.3f} GB)" if first else ""))
+        need = f"{first.bytes / 2**30:.3f} GB" if first else f"more than {room.limit / 2**30:.3f} GB"
+        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {need}, over {where}")
     points, b, over = {1: first.bytes}, 1, False
     while (nxt := room.bounded(b, points[b], static, max_batch)) > b:  # measured only where the bound admits it
         got = probe_step(model, imgsz, nxt, objects, amp, room.limit)

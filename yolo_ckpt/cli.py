@@ -57,6 +57,8 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
     "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
     "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "
                       "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),
+    "simulate_gpu": ("with device=cpu, a GPU memory size (925MB, 24GB) to rehearse on CPU: every tensor of the run "
+                     "counts against it, and passing it raises CUDA's out-of-memory error", "simulate_gpu=925MB"),
 }
 HELP_WORDS = {"help", "h"}  # as Ultralytics' entrypoint: help, h, -h, --help, ... (8.4.190)
 VERSION_WORDS = {"version", "v"}
