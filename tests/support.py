@@ -27,8 +27,9 @@ from ultralytics.utils import LOCAL_RANK, RANK
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
-from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer
+from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer, RTDETRTrainer
 from yolo_ckpt.autobatch import step_bytes
+from yolo_ckpt.families import ultralytics_class
 from yolo_ckpt.profiler import measure_peak, training_batch
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
@@ -284,9 +285,10 @@ def train_pair(model: str, stages, data: str, project: Path, mode: str = "full",
     ours = {"checkpoint_stages": stages, "checkpoint_mode": mode, "checkpoint_layers": layers, **(ours or {})}
     dirs = []
     for name, extra in (("vanilla", {}), ("ckpt", ours)):
-        m = ultralytics.YOLO(model)
+        m = ultralytics_class(model)(model)  # the class `yolo train` picks (RT-DETR by name), with our trainer
         add_counting(m)
-        m.train(**({"trainer": TRAINERS[m.task]} if extra else {}), name=name, **extra, **args)
+        trainer = RTDETRTrainer if isinstance(m, ultralytics.RTDETR) else TRAINERS[m.task]
+        m.train(**({"trainer": trainer} if extra else {}), name=name, **extra, **args)
         dirs.append(Path(m.trainer.save_dir))
     return dirs[0], dirs[1]
 

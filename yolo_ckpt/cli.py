@@ -89,7 +89,7 @@ def parse_train_args(args: list[str]) -> dict:
 def train(args: list[str]) -> None:
     """Run ``yolo-ckpt train ...``."""
     from .stages import CheckpointConfigError
-    from .trainer import YOLO, check_settings
+    from .trainer import RTDETR, check_settings
 
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
@@ -99,7 +99,8 @@ def train(args: list[str]) -> None:
     overrides["model"] = overrides.get("model") or DEFAULT_MODELS.get(task or "detect", DEFAULT_MODELS["detect"])
     if not overrides.get("resume"):  # reject bad settings before the model is built or the dataset generated
         check_settings(overrides["model"], overrides)
-    model = YOLO(overrides.pop("model"), task=task)
+    cls = model_class(overrides["model"])
+    model = cls(overrides.pop("model"), **({} if cls is RTDETR else {"task": task}))  # RT-DETR: detect only, as `yolo`
     data = overrides.get("data")
     if not overrides.get("resume") and (not data or embedded_variant(data)):
         from .synthetic import DEFAULT_VARIANT, recipe, recipe_tasks, synthetic_dataset
@@ -112,6 +113,16 @@ def train(args: list[str]) -> None:
         missing = "" if data else "'data' argument is missing. "
         LOGGER.info(f"{missing}Using the embedded synthetic dataset 'data={overrides['data']}'.")
     model.train(**overrides)
+
+
+def model_class(model: object) -> type:
+    """Our drop-in model class for a ``model=`` value, chosen by name as ``yolo`` chooses Ultralytics' own."""
+    import ultralytics
+
+    from .families import ultralytics_class
+    from .trainer import RTDETR, YOLO
+
+    return RTDETR if ultralytics_class(model) is ultralytics.RTDETR else YOLO
 
 
 def embedded_variant(data: object) -> bool:

@@ -35,6 +35,7 @@ from ultralytics.utils.torch_utils import unwrap_model
 
 from .autobatch import parse_memory, plan_batch
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
+from .families import check_supported
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .profiler import with_plan
 from .recompute import MODES
@@ -55,8 +56,11 @@ def check_settings(model: Any, args: dict) -> None:
             ``memory_budget``.
 
     Raises:
-        CheckpointConfigError: For invalid stages of this model, an unknown mode or an unreadable memory budget.
+        CheckpointConfigError: For a model family yolo-ckpt cannot train, invalid stages of this model, an unknown
+            mode or an unreadable memory budget.
     """
+    if model is not None:
+        check_supported(model)
     if args.get("memory_budget") is not None:
         try:
             parse_memory(args["memory_budget"])
