@@ -94,6 +94,8 @@ def train(args: list[str]) -> None:
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
     task = overrides.pop("task", None)
+    if task is not None and task not in TASKS:
+        raise CheckpointConfigError(f"task={task!r} is not an Ultralytics task. Valid: {', '.join(TASKS)}.")
     if overrides.get("resume") and not overrides.get("model"):
         raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
     overrides["model"] = overrides.get("model") or DEFAULT_MODELS.get(task or "detect", DEFAULT_MODELS["detect"])
@@ -101,6 +103,7 @@ def train(args: list[str]) -> None:
         check_settings(overrides["model"], overrides)
     cls = model_class(overrides["model"])
     model = cls(overrides.pop("model"), **({} if cls is RTDETR else {"task": task}))  # RT-DETR: detect only, as `yolo`
+    check_trainer(model)
     data = overrides.get("data")
     if not overrides.get("resume") and (not data or embedded_variant(data)):
         from .synthetic import DEFAULT_VARIANT, recipe, recipe_tasks, synthetic_dataset
@@ -113,6 +116,18 @@ def train(args: list[str]) -> None:
         missing = "" if data else "'data' argument is missing. "
         LOGGER.info(f"{missing}Using the embedded synthetic dataset 'data={overrides['data']}'.")
     model.train(**overrides)
+
+
+def check_trainer(model: object) -> None:
+    """Stop with one line when the model's task has no checkpointing trainer (Ultralytics' own would reject our keys
+    with a traceback after creating the run directory)."""
+    from .stages import CheckpointConfigError
+    from .trainer import TRAINERS, CheckpointMixin
+
+    trainer = model.task_map.get(model.task, {}).get("trainer")
+    if not (isinstance(trainer, type) and issubclass(trainer, CheckpointMixin)):
+        raise CheckpointConfigError(f"task={model.task}: yolo-ckpt has no checkpointing trainer for it. Valid tasks: "
+                                    f"{', '.join(TRAINERS)}.")
 
 
 def model_class(model: object) -> type:
