@@ -10,8 +10,9 @@ import torch
 import ultralytics
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import RTDETRDetectionModel
+from ultralytics.utils import YAML
 
-from yolo_ckpt import RTDETR, CheckpointPlan, RTDETRTrainer, checkpoint_plan, enable_checkpointing
+from yolo_ckpt import RTDETR, YOLO, CheckpointPlan, RTDETRTrainer, checkpoint_plan, enable_checkpointing
 from yolo_ckpt.profiler import training_batch
 
 from support import assert_same, assert_same_training, train_pair
@@ -77,13 +78,19 @@ def test_decoder_recompute_replays_the_denoising_draws():
     assert torch.equal(c_rng, v_rng)  # the recompute leaves the generator where vanilla's step left it
 
 
-def test_rtdetr_model_classes():
+def test_rtdetr_model_classes(tmp_path):
     """`yolo_ckpt.RTDETR` trains with our trainer; our `YOLO` turns an RT-DETR checkpoint into it, as Ultralytics'
     turns it into its own."""
     model = RTDETR("rtdetr-l.yaml")
     assert model.task_map["detect"]["trainer"] is RTDETRTrainer
     assert issubclass(RTDETRTrainer, ultralytics.models.rtdetr.train.RTDETRTrainer)
     assert checkpoint_plan(model.model) is None
+    cfg = tmp_path / "rtdetr-tiny.yaml"
+    YAML.save(cfg, RTDETR_TINY)
+    RTDETR(str(cfg)).save(tmp_path / "tiny.pt")
+    assert type(ultralytics.YOLO(str(tmp_path / "tiny.pt"))) is ultralytics.RTDETR  # what Ultralytics does
+    loaded = YOLO(str(tmp_path / "tiny.pt"))
+    assert type(loaded) is RTDETR and loaded.task_map["detect"]["trainer"] is RTDETRTrainer
 
 
 def test_rtdetr_l_all_stages_and_decoder_bitwise_equal_to_vanilla(detect_data, tmp_path):
