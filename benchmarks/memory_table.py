@@ -12,6 +12,8 @@ Usage:
     python benchmarks/memory_table.py                       # yolo11n, yolo11s at 640 and 1280, batch 4
     python benchmarks/memory_table.py --models yolo11n.yaml --imgsz 640 --batch 4 --device cpu
     python benchmarks/memory_table.py --device cuda --amp off fp16   # default on CUDA: AMP off and on
+    python benchmarks/memory_table.py --models rtdetr-l.yaml --imgsz 640 --repeats 1   # RT-DETR (built by name)
+    python benchmarks/memory_table.py --models rtdetr-l.yaml --shares    # fixed plans only, no auto rows
 """
 
 import argparse
@@ -70,7 +72,7 @@ def table(models: list[str], sizes: list[int], batch: int, amps: list[str], devi
         model = build_model(name).to(device)
         for imgsz in sizes:
             for amp in amps:
-                auto = auto_plans(model, imgsz, batch, AMP[amp], shares)
+                auto = auto_plans(model, imgsz, batch, AMP[amp], shares) if shares else {}  # --shares: none
                 plans = {**PLANS, **{k: v for k, v in auto.items() if v is not None}}
                 for k in (k for k, v in auto.items() if v is None):
                     yield f"| {name} | {imgsz} | {batch} | {amp} | {k} | | | | |"

@@ -27,7 +27,8 @@ from ultralytics.utils import LOCAL_RANK, RANK
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
-from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer
+from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer, RTDETRTrainer
+from yolo_ckpt.families import ultralytics_class
 from yolo_ckpt.measure import measure_peak, step_bytes, training_batch
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
@@ -317,10 +318,11 @@ def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> 
 def train_run(model: str, data: str, project: Path, name: str, ours: dict | None = None, **kw) -> Path:
     """One training with ``TRAIN_ARGS`` updated by ``kw`` (``device=0`` trains on CUDA), counting layer forwards:
     vanilla Ultralytics, or yolo_ckpt's trainer with our keys ``ours``; return the run dir."""
-    m = ultralytics.YOLO(model)
+    m = ultralytics_class(model)(model)  # the class `yolo train` picks (RT-DETR by name)
     add_counting(m)
     args = {**TRAIN_ARGS, "data": data, "project": str(project), "save_period": 1, **kw}
-    m.train(**({"trainer": TRAINERS[m.task], **ours} if ours else {}), name=name, **args)
+    trainer = RTDETRTrainer if isinstance(m, ultralytics.RTDETR) else TRAINERS.get(m.task)
+    m.train(**({"trainer": trainer, **ours} if ours else {}), name=name, **args)
     return Path(m.trainer.save_dir)
 
 

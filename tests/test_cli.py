@@ -272,3 +272,21 @@ def test_the_demo_steps_the_optimizer_every_batch_whatever_the_batch():
     assert demo_settings({"batch": 8})["nbs"] == 8  # weight decay scales with batch / nbs: unchanged
     assert demo_settings({"batch": -1})["nbs"] == DEFAULT_CFG_DICT["nbs"]  # AutoBatch: Ultralytics' own
     assert demo_settings({"batch": 8, "nbs": 2})["nbs"] == 1  # the user's nbs wins when merged over the demo
+
+
+@pytest.mark.parametrize("args, says", [
+    (["model=yolov8s-worldv2.yaml"], "YOLO-World is not supported"),
+    (["model=yoloe-11s.yaml"], "YOLOE is not supported"),
+    (["task=foo"], "task='foo' is not an Ultralytics task. Valid: detect,"),
+    (["model=rtdetr-l.yaml", "checkpoint_stages=1"], "rtdetr-l.yaml has no stage 1. Valid: a list of distinct stage "
+                                                     "numbers from {2, 3, 4, 5}"),
+])
+def test_models_and_tasks_we_cannot_plan_for_one_line_before_any_work(args, says, tmp_path):
+    """YOLO-World/YOLOE, an unknown task, RT-DETR's stages (the CLI builds RTDETR by name): one line, rc 2, nothing
+    written — no run directory, no dataset."""
+    out = run(sys.executable, "-m", "yolo_ckpt", "train", *args, f"project={tmp_path / 'runs'}",
+              env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
+    errors = [line for line in out.stderr.splitlines() if line.strip() and "WARNING" not in line]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith("yolo-ckpt: error: ") and says in errors[0] and "Valid" in errors[0]
+    assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []

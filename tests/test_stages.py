@@ -43,6 +43,29 @@ def test_stages_match_yaml_comments(family, name, scale):
     assert flat == list(range(len(flat)))  # contiguous, whole backbone, ascending
 
 
+@pytest.mark.parametrize("family, name", [("v3", "yolov3-tiny"), ("v3", "yolov3"), ("rt-detr", "rtdetr-l"),
+                                          ("rt-detr", "rtdetr-x")])
+def test_stride_one_stems_and_hgnet_match_yaml_comments(family, name):
+    """yolov3's stride-1 stem convolution joins stage 1 (the first layer to change the stride); RT-DETR's HGStem
+    starts at P2/4, so its stages are 2-5."""
+    starts = commented_stage_starts(CFG / family / f"{name}.yaml")
+    stages = model_stages(f"{name}.yaml")
+    first = min(starts)
+    assert {k: layers[0] for k, layers in stages.items()} == {**starts, first: 0}
+    assert starts[first] > 0 or family == "rt-detr"  # yolov3: layer 0 keeps stride 1, not commented as a stage
+    flat = [i for k in sorted(stages) for i in stages[k]]
+    assert flat == list(range(len(flat)))
+
+
+def test_a_model_without_stages_names_checkpoint_layers():
+    """A backbone that never changes the stride has no stages: the line names what still works, layer ranges."""
+    cfg = {"nc": 2, "backbone": [[-1, 1, "Conv", [8, 3, 1]], [-1, 1, "Conv", [8, 3, 1]]],
+           "head": [[-1, 1, "Conv", [8, 3, 2]], [[-1], 1, "Detect", ["nc"]]]}
+    with pytest.raises(CheckpointConfigError, match=r"no recognisable backbone stages.*checkpoint_layers=\[first,"):
+        CheckpointPlan.from_spec(cfg, "all")
+    assert CheckpointPlan.from_spec(cfg, [], [[0, 1]]).regions[0].layers == (0, 1)
+
+
 def test_built_model_and_task_heads_agree():
     model = DetectionModel("yolo11n.yaml", verbose=False)
     assert model_stages(model) == model_stages("yolo11n.yaml") == model_stages("yolo11n-obb.yaml")

@@ -8,18 +8,22 @@ Example:
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .stages import CheckpointConfigError, CheckpointPlan, Region, backbone_stages, model_stages
 from .trainer import (
+    RTDETR,
     TRAINERS,
     YOLO,
     ClassificationTrainer,
     DetectionTrainer,
     OBBTrainer,
     PoseTrainer,
+    RTDETRTrainer,
     SegmentationTrainer,
 )
 
 __version__ = "0.1.0"
 __all__ = (
     "YOLO",
+    "RTDETR",
+    "RTDETRTrainer",
     "TRAINERS",
     "DetectionTrainer",
     "SegmentationTrainer",

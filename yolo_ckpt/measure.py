@@ -43,10 +43,12 @@ OBJECTS_PER_IMAGE = 50  # boxes per image in the measured batch; loss memory gro
 
 def build_model(cfg: str, overrides: dict | None = None) -> nn.Module:
     """Build the Ultralytics task model for a model YAML (or load a ``.pt``), ready for ``model.loss``."""
-    from ultralytics import YOLO
     from ultralytics.cfg import get_cfg
 
-    model = YOLO(cfg).model
+    from .families import ultralytics_class
+
+    model = ultralytics_class(cfg)(cfg).model
+    model.nc = getattr(model, "nc", len(model.names))  # as the trainer's set_model_attributes; RT-DETR's loss reads it
     model.args = get_cfg(overrides={"task": getattr(model, "task", None) or "detect", **(overrides or {})})
     return model.float().train()
 

@@ -1,11 +1,13 @@
 """Plug a ``CheckpointPlan`` into a built Ultralytics model, and take it out again.
 
 This is the one place that touches Ultralytics internals. ``BaseModel._predict_once`` (ultralytics 8.4.190,
-``ultralytics/nn/tasks.py``) is the layer loop every YOLO task model runs. ``enable_checkpointing`` shadows it on the
-*instance* — the way Ultralytics' own ``fuse()`` swaps ``forward`` on layer instances — with the same loop in which
-each region's layers run inside one checkpoint. Nothing is wrapped, so state_dict keys, ``m.type``/``m.f``/``m.i``
-and ``isinstance`` checks are unchanged; ``disable_checkpointing`` deletes the instance attribute and the model is
-plain again, safe to pickle where yolo_ckpt is not installed.
+``ultralytics/nn/tasks.py``) is the layer loop every YOLO task model runs; ``RTDETRDetectionModel.predict`` is
+RT-DETR's (its head also takes the training targets). ``enable_checkpointing`` shadows that method on the *instance*
+— the way Ultralytics' own ``fuse()`` swaps ``forward`` on layer instances — with the same loop in which each
+region's layers run inside one checkpoint. Nothing is wrapped, so state_dict keys, ``m.type``/``m.f``/``m.i`` and
+``isinstance`` checks are unchanged; ``disable_checkpointing`` deletes the instance attribute and the model is plain
+again, safe to pickle where yolo_ckpt is not installed. Models that run another loop of their own (YOLO-World,
+YOLOE) are rejected with ``UnsupportedModelError``, never trained silently without checkpointing.
 
 The checkpointed loop is used only while the model trains with grad enabled; eval, ``torch.no_grad`` (validation,
 EMA, predict, export, fuse), profiling and embedding requests run Ultralytics' own loop.
@@ -24,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -32,7 +35,15 @@ import torch
 from torch import nn
 
 from .recompute import MODES, checkpoint_region
-from .stages import CheckpointPlan, Region, layer_inputs
+from .stages import CheckpointConfigError, CheckpointPlan, Region, layer_inputs
+
+SUPPORTED_MODELS = ("Valid: the detect, segment, pose, obb and classify models of YOLOv3-v10, YOLO11, YOLO12 and "
+                    "YOLO26, and RT-DETR (rtdetr-*.yaml).")
+ENTRY_POINTS = ("_predict_once", "predict")  # the instance attributes a plan may shadow
+
+
+class UnsupportedModelError(CheckpointConfigError):
+    """A model whose training forward yolo-ckpt cannot checkpoint; the message is one line naming what is valid."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,19 @@ class _Wiring:
         return cls(region, tuple(outside), tuple(i in later for i in region.layers[:-1]), inner)
 
 
-def _run_region(layers: list[nn.Module], wiring: _Wiring, x: Any, *outside: torch.Tensor) -> tuple[Any, ...]:
+def _call(m: nn.Module, x: Any) -> Any:
+    """Run one layer as Ultralytics' ``BaseModel._predict_once`` does."""
+    return m(x)
+
+
+def _call_with_targets(head: nn.Module, batch: dict | None, m: nn.Module, x: Any) -> Any:
+    """Run one layer as ``RTDETRDetectionModel.predict`` does: its decoder head also takes the training targets, from
+    which it draws the random denoising queries (replayed exactly in a recompute: checkpoint restores the RNG state)."""
+    return m(x, batch) if m is head else m(x)
+
+
+def _run_region(layers: list[nn.Module], wiring: _Wiring, call: Callable[[nn.Module, Any], Any], x: Any,
+                *outside: torch.Tensor) -> tuple[Any, ...]:
     """Run a region's layers as Ultralytics' loop would; return the outputs read after it, then the last output."""
     y = dict(zip(wiring.outside, outside))
     kept = []
@@ -70,7 +93,7 @@ def _run_region(layers: list[nn.Module], wiring: _Wiring, x: Any, *outside: torc
         if n and m.f != -1:  # Ultralytics indexes its output list, where -2 is two layers back
             at = lambda j, i=m.i: y[i + j if j < 0 else j]  # noqa: E731
             x = at(m.f) if isinstance(m.f, int) else [x if j == -1 else at(j) for j in m.f]
-        x = m(x)
+        x = call(m, x)
         if m.i in wiring.inner:
             y[m.i] = x
         if n < len(wiring.wanted) and wiring.wanted[n]:
@@ -78,11 +101,9 @@ def _run_region(layers: list[nn.Module], wiring: _Wiring, x: Any, *outside: torc
     return (*kept, x)
 
 
-def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dict[int, _Wiring], x, profile=False,
-                  embed=None):
-    """``BaseModel._predict_once`` with each plan region recomputed in backward (same signature, same result)."""
-    if profile or embed or not (model.training and torch.is_grad_enabled()):
-        return type(model)._predict_once(model, x, profile, embed)
+def _run_layers(model: nn.Module, mode: str, wiring: dict[int, _Wiring], x: Any,
+                call: Callable[[nn.Module, Any], Any] = _call) -> Any:
+    """Ultralytics' layer loop with each plan region run inside one checkpoint; ``call`` runs a layer."""
     y, i, layers = [], 0, model.model
     while i < len(layers):
         m = layers[i]
@@ -90,13 +111,13 @@ def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dic
             x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
         w: _Wiring | None = wiring.get(i)
         if w is None:
-            x = m(x)
+            x = call(m, x)
             y.append(x if m.i in model.save else None)
             i += 1
             continue
         members = [layers[j] for j in w.region.layers]
-        outs = checkpoint_region(partial(_run_region, members, w), x, *(y[j] for j in w.outside), modules=members,
-                                 mode=mode)
+        outs = checkpoint_region(partial(_run_region, members, w, call), x, *(y[j] for j in w.outside),
+                                 modules=members, mode=mode)
         n = 0  # indexing, not iter()/next(): the loop stays traceable by torch.compile (one graph, no breaks)
         for k in w.wanted:
             y.append(outs[n] if k else None)
@@ -105,6 +126,44 @@ def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dic
         y.append(x if w.region.layers[-1] in model.save else None)
         i = w.region.layers[-1] + 1
     return x
+
+
+def _training(model: nn.Module) -> bool:
+    return model.training and torch.is_grad_enabled()
+
+
+def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dict[int, _Wiring], x, profile=False,
+                  embed=None):
+    """``BaseModel._predict_once`` with each plan region recomputed in backward (same signature, same result)."""
+    if profile or embed or not _training(model):
+        return type(model)._predict_once(model, x, profile, embed)
+    return _run_layers(model, mode, wiring, x)
+
+
+def _predict_rtdetr(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dict[int, _Wiring], x, profile=False,
+                    batch=None, augment=False, embed=None):
+    """``RTDETRDetectionModel.predict`` (8.4.190: Ultralytics' loop over all layers but the head, then
+    ``head([y[j] for j in head.f], batch)``) with each plan region recomputed in backward."""
+    if profile or embed or not _training(model):
+        return type(model).predict(model, x, profile, batch, augment, embed)
+    return _run_layers(model, mode, wiring, x, call=partial(_call_with_targets, model.model[-1], batch))
+
+
+def _entry_point(model: nn.Module) -> tuple[str, Callable[..., Any]]:
+    """Which method of ``model`` runs its layer loop in training, and our checkpointed version of it.
+
+    ``BaseModel.predict`` calls ``_predict_once``; RT-DETR overrides ``predict`` itself (the head takes the targets).
+    YOLO-World and YOLOE override ``predict`` with text/visual prompt embeddings threaded through their layers; their
+    loops are not reproduced here, so they are rejected rather than silently trained without checkpointing.
+    """
+    from ultralytics.nn.tasks import BaseModel, RTDETRDetectionModel
+
+    if isinstance(model, RTDETRDetectionModel) and type(model).predict is RTDETRDetectionModel.predict:
+        return "predict", _predict_rtdetr
+    if type(model).predict is not BaseModel.predict:
+        raise UnsupportedModelError(f"{type(model).__name__} runs its own forward loop ({type(model).__qualname__}"
+                                    f".predict), which yolo-ckpt cannot checkpoint. {SUPPORTED_MODELS}")
+    return "_predict_once", _predict_once
 
 
 def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "full") -> None:
@@ -119,22 +178,30 @@ def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "fu
         raise ValueError(f"checkpoint mode {mode!r} is not one of {MODES}")
     disable_checkpointing(model)
     if plan.regions:
+        name, loop = _entry_point(model)
         wiring = {r.layers[0]: _Wiring.of(model.model, r) for r in plan.regions}
-        model._predict_once = partial(_predict_once, model, plan, mode, wiring)
+        setattr(model, name, partial(loop, model, plan, mode, wiring))
 
 
 def disable_checkpointing(model: nn.Module) -> None:
     """Restore Ultralytics' own forward loop on ``model`` (no-op on a plain model)."""
-    model.__dict__.pop("_predict_once", None)
+    for name in ENTRY_POINTS:
+        model.__dict__.pop(name, None)
 
 
 def checkpoint_plan(model: nn.Module) -> CheckpointPlan | None:
     """The plan installed on ``model``, or ``None`` when it runs plainly."""
-    fn = model.__dict__.get("_predict_once")
-    return fn.args[1] if isinstance(fn, partial) else None
+    fn = _installed(model)
+    return fn.args[1] if fn else None
 
 
 def checkpoint_mode(model: nn.Module) -> str | None:
     """How the installed plan's regions are recomputed (``"full"``/``"selective"``), or ``None`` when plain."""
-    fn = model.__dict__.get("_predict_once")
-    return fn.args[2] if isinstance(fn, partial) else None
+    fn = _installed(model)
+    return fn.args[2] if fn else None
+
+
+def _installed(model: nn.Module) -> partial | None:
+    """The checkpointed loop shadowing one of ``ENTRY_POINTS`` on ``model``, if any."""
+    fns = (model.__dict__.get(name) for name in ENTRY_POINTS)
+    return next((fn for fn in fns if isinstance(fn, partial)), None)

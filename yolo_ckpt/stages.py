@@ -25,6 +25,9 @@ import torch
 from torch import nn
 
 DRY_RUN_SIZE = 256  # input side for the stride dry run; a multiple of every stride up to P8
+NO_STAGES_HINT = ("Valid for this model: checkpoint_layers=[first, last] ranges of layer indices (checkpoint_stages "
+                  "and checkpoint_layers=head need stages).")
+STRIDE_TOLERANCE = 0.25  # in log2: a layer's output side may be off a power-of-two stride by a padding pixel
 
 
 class CheckpointConfigError(ValueError):
@@ -118,6 +121,8 @@ class CheckpointPlan:
             raise CheckpointConfigError(e.reason, _layers_hint(model)) from None
         if requested == [] and ranges == []:
             return cls()
+        if requested == [] and ranges:  # layer ranges need no stages (a model without them can still use these)
+            return cls(tuple(_layer_regions(model, ranges, layers, {})))
         stages, read_later, chained = _analyse(model)
         extra = _layer_regions(model, ranges, layers, stages) if ranges != [] else []
         if requested is None:  # "all"
@@ -382,6 +387,9 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
 def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model") -> dict[int, tuple[int, ...]]:
     """Map stage k to the backbone layer indices with output stride 2**k, from a dry run.
 
+    Layers that keep the input's full resolution before the first downsampling (yolov3's and yolov3-tiny's stride-1
+    stem convolution) belong to the first stage: stages are cut where the stride changes.
+
     Args:
         layers: ``model.model`` of an Ultralytics model: layers with ``.f`` (input index) and ``.i`` (own index).
         cfg: The model's YAML dict; its ``backbone`` list says how many leading layers form the backbone.
@@ -401,6 +409,7 @@ def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model"
     device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
     x = torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
     stages: dict[int, list[int]] = {}
+    leading: list[int] = []  # stride-1 layers at the start: they join the first stage, the first to change stride
     outputs, modes = [], [m.training for m in layers.modules()]
     layers.eval()  # eval + no_grad: the dry run must not touch BatchNorm statistics
     try:
@@ -411,18 +420,26 @@ def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model"
                 x = m(x)
                 outputs.append(x)
                 stride = DRY_RUN_SIZE / x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() == 4 else 0
-                k = math.log2(stride) if stride >= 1 else -1
-                if k < 1 or k != int(k) or (stages and int(k) < max(stages)):
+                if stride == 1 and not stages:  # full-resolution layers before the first downsampling (yolov3)
+                    leading.append(m.i)
+                    continue
+                # nearest power of two: a padding layer shifts the size by a pixel (yolov3-tiny's ZeroPad2d, 8 -> 9)
+                k = round(math.log2(stride)) if stride >= 1 else -1
+                if k < 1 or abs(math.log2(stride) - k) > STRIDE_TOLERANCE or (stages and k < max(stages)):
                     raise CheckpointConfigError(
                         f"{name} has no recognisable backbone stages: layer {m.i} ({type(m).__name__}) "
-                        f"gives output stride {stride or 'n/a'}, not a growing power of two."
+                        f"gives output stride {stride or 'n/a'}, not a growing power of two. {NO_STAGES_HINT}"
                     )
                 if int(k) in stages and m.f != -1:
                     raise CheckpointConfigError(
-                        f"{name} has no recognisable backbone stages: layer {m.i} takes input from layer {m.f}."
+                        f"{name} has no recognisable backbone stages: layer {m.i} takes input from layer {m.f}. "
+                        f"{NO_STAGES_HINT}"
                     )
-                stages.setdefault(int(k), []).append(m.i)
+                stages.setdefault(int(k), [] if stages else leading).append(m.i)
     finally:
         for mod, mode in zip(layers.modules(), modes):
             mod.training = mode
+    if not stages:
+        raise CheckpointConfigError(f"{name} has no recognisable backbone stages: no backbone layer changes the "
+                                    f"stride. {NO_STAGES_HINT}")
     return {k: tuple(v) for k, v in stages.items()}

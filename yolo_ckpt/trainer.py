@@ -29,6 +29,7 @@ from torch import nn
 from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict, get_save_dir
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
+from ultralytics.models.rtdetr.train import RTDETRTrainer as UltralyticsRTDETRTrainer
 from ultralytics.utils import LOGGER, RANK, YAML, IterableSimpleNamespace, colorstr
 from ultralytics.utils.patches import override_configs, torch_load
 from ultralytics.utils.torch_utils import unwrap_model
@@ -37,6 +38,7 @@ from .autobatch import parse_memory, plan_batch
 from .device import SimulatedDevice, device_memory, release
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .escalation import Snapshot, keeps_least, next_plan
+from .families import check_supported
 from .measure import planned_copy
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
@@ -59,8 +61,11 @@ def check_settings(model: Any, args: dict) -> None:
             ``memory_budget``.
 
     Raises:
-        CheckpointConfigError: For invalid stages of this model, an unknown mode or an unreadable memory budget.
+        CheckpointConfigError: For a model family yolo-ckpt cannot train, invalid stages of this model, an unknown
+            mode or an unreadable memory budget.
     """
+    if model is not None:
+        check_supported(model)
     for key in ("memory_budget", "simulate_gpu"):
         if args.get(key) is not None:
             try:
@@ -629,6 +634,11 @@ class ClassificationTrainer(CheckpointMixin, yolo.classify.ClassificationTrainer
     """Ultralytics ``ClassificationTrainer`` with ``checkpoint_stages``."""
 
 
+class RTDETRTrainer(CheckpointMixin, UltralyticsRTDETRTrainer):
+    """Ultralytics ``RTDETRTrainer`` with ``checkpoint_stages`` (HGNet/ResNet backbone stages, the decoder in
+    ``checkpoint_layers=head``)."""
+
+
 TRAINERS = {
     "detect": DetectionTrainer,
     "segment": SegmentationTrainer,
@@ -645,8 +655,28 @@ class YOLO(ultralytics.YOLO):
         >>> YOLO("yolo11n-seg.yaml").train(data="seg.yaml", checkpoint_stages=[1, 2])  # doctest: +SKIP
     """
 
+    def __init__(self, model: Any = "yolo26n.pt", task: str | None = None, verbose: bool = False):
+        """Load like ``ultralytics.YOLO``; a checkpoint whose head is RT-DETR's becomes our ``RTDETR``, as
+        Ultralytics turns it into its own (by swapping ``__class__`` in ``YOLO.__init__``, 8.4.190)."""
+        super().__init__(model, task=task, verbose=verbose)
+        if type(self) is ultralytics.RTDETR:
+            self.__class__ = RTDETR
+
     @property
     def task_map(self) -> dict:
         """Ultralytics' task map with our trainers in place of its own."""
         return {task: {**v, "trainer": TRAINERS.get(task, v["trainer"])} for task, v in super().task_map.items()}
 
+
+
+class RTDETR(ultralytics.RTDETR):
+    """``ultralytics.RTDETR`` whose ``train()`` uses ``RTDETRTrainer`` (checkpointing).
+
+    Example:
+        >>> RTDETR("rtdetr-l.yaml").train(data="data.yaml", imgsz=640, checkpoint_stages="all")  # doctest: +SKIP
+    """
+
+    @property
+    def task_map(self) -> dict:
+        """Ultralytics' RT-DETR task map with our trainer in place of its own."""
+        return {task: {**v, "trainer": RTDETRTrainer} for task, v in super().task_map.items()}
