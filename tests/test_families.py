@@ -18,8 +18,8 @@ from ultralytics.utils import YAML
 
 from yolo_ckpt import CheckpointPlan, enable_checkpointing, model_stages
 from yolo_ckpt.families import check_supported
+from yolo_ckpt.measure import build_model, training_batch
 from yolo_ckpt.model import UnsupportedModelError
-from yolo_ckpt.profiler import build_model, training_batch
 
 from support import assert_same
 
