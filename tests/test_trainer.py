@@ -22,6 +22,8 @@ from support import (
     forward_counts,
     results,
     train_pair,
+    write_depth_set,
+    write_polygon_set,
 )
 
 BLOCKED = """
@@ -54,6 +56,33 @@ def test_task_trainers_train_like_vanilla(task, model, tmp_path):
     imgsz = 64 if task == "classify" else 256
     pair = train_pair(model, "all", data, tmp_path, epochs=1, imgsz=imgsz)
     assert_same_training(model, "all", *pair)
+
+
+EXTERNAL = {"yolo26n-sem.yaml": write_polygon_set, "yolo26n-depth.yaml": write_depth_set}
+
+
+@pytest.mark.parametrize("model, stages, mode, layers", [
+    ("yolo26n-sem.yaml", "all", "full", None),
+    ("yolo26n-sem.yaml", [2, 3], "selective", None),
+    ("yolo26n-depth.yaml", "all", "full", None),
+    ("yolo26n-depth.yaml", [], "full", "head"),  # the depth head (layers 13-23) alone
+])
+def test_semantic_and_depth_train_like_vanilla_on_foreign_data(model, stages, mode, layers, tmp_path):
+    """Semantic segmentation on YOLO polygons and depth on uint16 PNG maps, both written here with numpy/cv2 (not by
+    yolo_ckpt), train bit for bit as vanilla Ultralytics; the weights load in plain Ultralytics with safe loading."""
+    data = EXTERNAL[model](tmp_path / "data", size=128, images={"train": 6, "val": 2})
+    pair = train_pair(model, stages, data, tmp_path, mode=mode, layers=layers, imgsz=128)
+    assert_same_training(model, stages, *pair, layers=layers)
+    task = ultralytics.YOLO(model).task
+    image = next((tmp_path / "data" / "images" / "val").iterdir())
+    code = BLOCKED + f"""
+from ultralytics import YOLO
+m = YOLO(r"{pair[1] / 'weights' / 'best.pt'}")
+r = m.predict(r"{image}", imgsz=128, device="cpu")[0]
+print("OK", m.task, r.orig_shape)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SAFE, timeout=300)
+    assert out.returncode == 0 and f"OK {task} (128, 128)" in out.stdout, out.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")

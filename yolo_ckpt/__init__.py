@@ -11,10 +11,12 @@ from .trainer import (
     TRAINERS,
     YOLO,
     ClassificationTrainer,
+    DepthTrainer,
     DetectionTrainer,
     OBBTrainer,
     PoseTrainer,
     SegmentationTrainer,
+    SemanticSegmentationTrainer,
 )
 
 __version__ = "0.1.0"
@@ -23,6 +25,8 @@ __all__ = (
     "TRAINERS",
     "DetectionTrainer",
     "SegmentationTrainer",
+    "SemanticSegmentationTrainer",
+    "DepthTrainer",
     "PoseTrainer",
     "OBBTrainer",
     "ClassificationTrainer",

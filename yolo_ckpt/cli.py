@@ -37,6 +37,8 @@ from ultralytics.utils import LOGGER, YAML, checks
 DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch yolo26n.pt)
     "detect": "yolo11n.yaml",
     "segment": "yolo11n-seg.yaml",
+    "semantic": "yolo26n-sem.yaml",  # no yolo11 semantic or depth YAML ships with Ultralytics 8.4.190
+    "depth": "yolo26n-depth.yaml",
     "pose": "yolo11n-pose.yaml",
     "obb": "yolo11n-obb.yaml",
     "classify": "yolo11n-cls.yaml",

@@ -377,9 +377,19 @@ class ClassificationTrainer(CheckpointMixin, yolo.classify.ClassificationTrainer
     """Ultralytics ``ClassificationTrainer`` with ``checkpoint_stages``."""
 
 
+class SemanticSegmentationTrainer(CheckpointMixin, yolo.semantic.SemanticSegmentationTrainer):
+    """Ultralytics ``SemanticSegmentationTrainer`` (``yolo26*-sem.yaml``) with ``checkpoint_stages``."""
+
+
+class DepthTrainer(CheckpointMixin, yolo.depth.DepthTrainer):
+    """Ultralytics ``DepthTrainer`` (``yolo26*-depth.yaml``) with ``checkpoint_stages``."""
+
+
 TRAINERS = {
     "detect": DetectionTrainer,
     "segment": SegmentationTrainer,
+    "semantic": SemanticSegmentationTrainer,
+    "depth": DepthTrainer,
     "pose": PoseTrainer,
     "obb": OBBTrainer,
     "classify": ClassificationTrainer,
