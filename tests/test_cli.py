@@ -112,11 +112,13 @@ def test_resume_without_model_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, task", [(["segment", "train"], "segment"),
-                                        (["train", "model=yolov8n-cls.yaml"], "classify")])
+                                        (["train", "model=yolov8n-cls.yaml"], "classify"),
+                                        (["semantic", "train"], "semantic"),
+                                        (["train", "model=yolo26n-depth.yaml"], "depth")])
 def test_defaults_follow_the_task(args, task, tmp_path):
     """Without model= or data=, the task's own model YAML and embedded dataset are used."""
-    out = run("yolo-ckpt", *args, "epochs=1", "imgsz=64", "checkpoint_stages=all", f"project={tmp_path}", "name=r",
-              "plots=False")
+    out = run(sys.executable, "-m", "yolo_ckpt", *args, "epochs=1", "imgsz=64", "checkpoint_stages=all",
+              f"project={tmp_path}", "name=r", "plots=False")
     assert out.returncode == 0, out.stderr[-3000:]
     import yaml
 
@@ -140,3 +142,21 @@ def test_bad_layers_cli_one_line_before_any_work(value, tmp_path):
     assert errors[0].endswith("Valid: 'head' (every layer after the backbone that stores activations), layer indices "
                               "0-23, [first, last] ranges of them, or [] for none.")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", "task=panoptic"], "task='panoptic' is not a task yolo-ckpt trains. Valid: detect, segment, semantic, "
+                                 "depth, pose, obb, classify."),
+    (["semantic", "train", "model=yolo11n.yaml"], "task=semantic: yolo11n.yaml is a detect model (its output layer "
+     "trains detect). Valid: a semantic model such as yolo26n-sem.yaml, or task=detect."),
+    (["depth", "train", "model=yolo26n-sem.yaml", "checkpoint_stages=auto", "memory_budget=1GB"],
+     "task=depth: yolo26n-sem.yaml is a semantic model (its output layer trains semantic). Valid: a depth model such "
+     "as yolo26n-depth.yaml, or task=semantic."),
+])
+def test_task_the_model_cannot_train_is_one_line_before_any_work(args, line, tmp_path):
+    """Vanilla Ultralytics ends these in a traceback from inside the loss or the model loader."""
+    out = run(sys.executable, "-m", "yolo_ckpt", *args, f"project={tmp_path / 'runs'}",
+              env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert [x for x in out.stderr.splitlines() if x.strip()] == [f"yolo-ckpt: error: {line}"]
+    assert list(tmp_path.iterdir()) == []  # no run directory, no dataset

@@ -100,7 +100,7 @@ def train(args: list[str]) -> None:
         raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
     overrides["model"] = overrides.get("model") or DEFAULT_MODELS.get(task or "detect", DEFAULT_MODELS["detect"])
     if not overrides.get("resume"):  # reject bad settings before the model is built or the dataset generated
-        check_settings(overrides["model"], overrides)
+        check_settings(overrides["model"], {**overrides, "task": task})
     model = YOLO(overrides.pop("model"), task=task)
     data = overrides.get("data")
     if not overrides.get("resume") and (not data or embedded_variant(data)):
