@@ -160,3 +160,18 @@ def test_task_the_model_cannot_train_is_one_line_before_any_work(args, line, tmp
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert [x for x in out.stderr.splitlines() if x.strip()] == [f"yolo-ckpt: error: {line}"]
     assert list(tmp_path.iterdir()) == []  # no run directory, no dataset
+
+
+@pytest.mark.parametrize("name, task, imgsz, channels", [("medical_semantic_2048.yaml", "semantic", 2048, 1),
+                                                         ("aerial_semantic_1024.yaml", "semantic", 1024, 3)])
+def test_semantic_recipes_are_valid(name, task, imgsz, channels):
+    """The recipes load as `yolo-ckpt train cfg=...` reads them, their settings pass the checks run before any work,
+    and their embedded data has the channels they say."""
+    from yolo_ckpt.resources import data_file
+    from yolo_ckpt.synthetic import recipe
+    from yolo_ckpt.trainer import check_settings, yaml_task
+
+    cfg = parse_train_args(["train", f"cfg={data_file('cfg', name)}"])
+    assert yaml_task(cfg["model"]) == task and cfg["imgsz"] == imgsz
+    check_settings(cfg["model"], {**cfg, "task": task})
+    assert recipe(cfg["data"]).get("channels", 3) == channels and task in recipe(cfg["data"])
