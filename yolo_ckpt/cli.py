@@ -2,10 +2,11 @@
 
 ``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
 defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
-checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (nothing to download), without
-``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task; ``data=synthetic_medical``
-(which ``cfg/medical_2048.yaml`` sets) picks the grayscale medical variant instead. Every other mode is handed to
-``yolo`` unchanged.
+checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (yolo26n for semantic and depth; nothing to
+download), without ``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task;
+``data=synthetic_medical`` (which ``cfg/medical_2048.yaml`` sets) picks the grayscale medical variant instead. A task
+it has no trainer for, or a task word the model's head does not train, stops with one line. Every other mode is handed
+to ``yolo`` unchanged.
 
 ``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
 
