@@ -48,12 +48,14 @@ def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(d
 
 
 @pytest.mark.parametrize("task, model", [("segment", "yolo11n-seg.yaml"), ("pose", "yolo26n-pose.yaml"),
-                                         ("obb", "yolo11n-obb.yaml"), ("classify", "yolov8n-cls.yaml")])
+                                         ("obb", "yolo11n-obb.yaml"), ("classify", "yolov8n-cls.yaml"),
+                                         ("semantic", "yolo26n-sem.yaml"), ("depth", "yolo26n-depth.yaml")])
 def test_task_trainers_train_like_vanilla(task, model, tmp_path):
+    """On the embedded dataset of each task (semantic: its PNG masks with label_mapping)."""
     from yolo_ckpt.synthetic import synthetic_dataset
 
     data = str(synthetic_dataset(task))
-    imgsz = 64 if task == "classify" else 256
+    imgsz = {"classify": 64, "semantic": 128, "depth": 128}.get(task, 256)
     pair = train_pair(model, "all", data, tmp_path, epochs=1, imgsz=imgsz)
     assert_same_training(model, "all", *pair)
 
