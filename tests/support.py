@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
+import cv2
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -300,6 +301,60 @@ class VanillaGloo(GlooDDP, yolo.detect.DetectionTrainer):
 
 class CkptGloo(GlooDDP, DetectionTrainer):
     """Our detection trainer in 2-process gloo DDP."""
+
+
+# ------------------------------------------------------------------------- datasets yolo-ckpt did not generate
+def _tiny_scene(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    """A noisy BGR image with two to four filled polygons of two classes; return it and (class, pixel polygon)."""
+    img = rng.integers(0, 80, (size, size, 3), dtype=np.uint8)
+    shapes = []
+    for _ in range(int(rng.integers(2, 5))):
+        c = rng.uniform(0.25, 0.75, 2) * size
+        angles = np.sort(rng.uniform(0, 2 * np.pi, 5))
+        poly = c + rng.uniform(0.1, 0.22, (5, 1)) * size * np.stack([np.cos(angles), np.sin(angles)], 1)
+        cls = int(rng.integers(2))
+        cv2.fillPoly(img, [np.rint(poly).astype(np.int32)], (200, 60, 60) if cls else (60, 200, 60))
+        shapes.append((cls, poly))
+    return img, shapes
+
+
+def _foreign_set(root: Path, size: int, images: dict | None, seed: int, target: str, write_target, extra: str) -> str:
+    """Images under images/<split>/, one target file each under <target>/<split>/ (``write_target(stem, shapes,
+    size, rng)``), and a data.yaml ending in ``extra``; return the data.yaml path."""
+    rng = np.random.default_rng(seed)
+    for split, n in (images or {"train": 4, "val": 2}).items():
+        for folder in ("images", target):
+            (root / folder / split).mkdir(parents=True)
+        for i in range(n):
+            img, shapes = _tiny_scene(rng, size)
+            cv2.imwrite(str(root / "images" / split / f"{i}.jpg"), img)
+            write_target(root / target / split / str(i), shapes, size, rng)
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\n{extra}")
+    return str(root / "data.yaml")
+
+
+def _polygon_rows(stem: Path, shapes: list, size: int, rng: np.random.Generator) -> None:
+    rows = [" ".join([str(c), *(f"{v:.5f}" for v in np.clip(p / size, 0, 1).ravel())]) for c, p in shapes]
+    stem.with_suffix(".txt").write_text("\n".join(rows) + "\n")
+
+
+def _depth_png(stem: Path, shapes: list, size: int, rng: np.random.Generator) -> None:
+    depth = np.add.outer(np.linspace(3, 8, size), np.zeros(size)) + rng.uniform(-0.5, 0.5)  # a tilted plane
+    for cls, poly in shapes:  # nearer objects on it
+        cv2.fillPoly(depth, [np.rint(poly).astype(np.int32)], 1.5 + cls)
+    depth[rng.uniform(size=depth.shape) < 0.02] = 0  # missing returns, as real sensors have
+    cv2.imwrite(str(stem.with_suffix(".png")), np.rint(depth * 1000).astype(np.uint16))
+
+
+def write_polygon_set(root: Path, size: int = 96, images: dict | None = None) -> str:
+    """A two-class YOLO polygon dataset (images/, labels/, data.yaml) made with numpy and cv2; return data.yaml."""
+    return _foreign_set(root, size, images, 12, "labels", _polygon_rows, "names:\n  0: a\n  1: b\n")
+
+
+def write_depth_set(root: Path, size: int = 96, images: dict | None = None) -> str:
+    """A depth dataset (images/, depth/ as uint16 PNG in millimetres, data.yaml) made with numpy and cv2: a tilted
+    plane with nearer polygons on it, a few pixels without depth (0); return data.yaml."""
+    return _foreign_set(root, size, images, 13, "depth", _depth_png, "nc: 1\nnames:\n  0: depth\ndepth_scale: 1000\n")
 
 
 # ---------------------------------------------------------------------------------- training pairs

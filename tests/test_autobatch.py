@@ -150,3 +150,39 @@ def test_cuda_autobatch_and_epoch_memory(detect_data, tmp_path):
     row = results(Path(trainer.save_dir))[0]
     alloc, reserved = float(row["mem/peak_alloc_GB"]), float(row["mem/peak_reserved_GB"])
     assert 0 < alloc <= reserved <= torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+@pytest.mark.parametrize("name", ["yolo26n-sem.yaml", "yolo26n-depth.yaml"])
+def test_budget_planning_counts_the_semantic_and_depth_losses(name):
+    """The planned batch's real step — Ultralytics' loss on every pixel included — fits, measured independently, and a
+    budget that the next batch's real step exceeds is never planned past; the whole network checkpointed.
+
+    (The largest fitting batch is not promised: at small images parameter gradients dominate a batch-1 step, and the
+    bound planning extrapolates from it is conservative.)"""
+    model, imgsz, fraction = with_plan(build_model(name), "all", "full", "head"), 96, 0.6
+    steps = {b: measured_step(model, imgsz, b) for b in (2, 3)}
+    budget = int((steps[2] + steps[3]) / 2 / fraction)  # batch 2 fits, batch 3 does not
+    batch = plan_batch(model, imgsz, budget, fraction).batch
+    assert 1 <= batch <= 2 and measured_step(model, imgsz, batch) <= fraction * budget
+
+
+@pytest.mark.parametrize("name", ["yolo26n-sem.yaml", "yolo26n-depth.yaml"])
+def test_planning_batch_has_the_format_of_ultralytics_batches(name, tmp_path):
+    """The keys the loss reads, with the dtype and shape Ultralytics' dataset, collate and preprocess give them."""
+    from ultralytics.models.yolo.depth import DepthTrainer
+    from ultralytics.models.yolo.semantic import SemanticSegmentationTrainer
+
+    from support import write_depth_set, write_polygon_set
+
+    semantic = "-sem" in name
+    data = (write_polygon_set if semantic else write_depth_set)(tmp_path / "d", size=128)
+    cls = SemanticSegmentationTrainer if semantic else DepthTrainer
+    trainer = cls(overrides={"model": name, "data": data, "imgsz": 128, "device": "cpu", "workers": 0,
+                             "project": str(tmp_path), "plots": False})
+    trainer.model = trainer.get_model(cfg=name, verbose=False)  # the dataset reads its stride, as in _setup_train
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=2, rank=-1, mode="train")
+    real = trainer.preprocess_batch(next(iter(loader)))
+    ours = training_batch(build_model(name), 128, 2)
+    key = "semantic_mask" if semantic else "depth"
+    assert ours[key].dtype == real[key].dtype and ours[key].shape == real[key].shape, (real[key].shape, key)
+    assert ours["img"].dtype == real["img"].dtype and ours["img"].shape == real["img"].shape

@@ -173,7 +173,9 @@ def test_resume_without_model_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, task", [(["segment", "train"], "segment"),
-                                        (["train", "model=yolov8n-cls.yaml"], "classify")])
+                                        (["train", "model=yolov8n-cls.yaml"], "classify"),
+                                        (["semantic", "train"], "semantic"),
+                                        (["train", "model=yolo26n-depth.yaml"], "depth")])
 def test_defaults_follow_the_task(args, task, tmp_path):
     """Without model= or data=, the task's own model YAML, its embedded dataset and the demo recipe are used, and
     the run ends by comparing its plan with vanilla."""
@@ -277,7 +279,7 @@ def test_the_demo_steps_the_optimizer_every_batch_whatever_the_batch():
 @pytest.mark.parametrize("args, says", [
     (["model=yolov8s-worldv2.yaml"], "YOLO-World is not supported"),
     (["model=yoloe-11s.yaml"], "YOLOE is not supported"),
-    (["task=foo"], "task='foo' is not an Ultralytics task. Valid: detect,"),
+    (["task=foo"], "task='foo' is not a task yolo-ckpt trains. Valid: detect,"),
     (["model=rtdetr-l.yaml", "checkpoint_stages=1"], "rtdetr-l.yaml has no stage 1. Valid: a list of distinct stage "
                                                      "numbers from {2, 3, 4, 5}"),
 ])
@@ -290,3 +292,36 @@ def test_models_and_tasks_we_cannot_plan_for_one_line_before_any_work(args, says
     assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
     assert errors[0].startswith("yolo-ckpt: error: ") and says in errors[0] and "Valid" in errors[0]
     assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", "task=panoptic"], "task='panoptic' is not a task yolo-ckpt trains. Valid: detect, segment, semantic, "
+                                 "depth, pose, obb, classify."),
+    (["semantic", "train", "model=yolo11n.yaml"], "task=semantic: yolo11n.yaml is a detect model (its output layer "
+     "trains detect). Valid: a semantic model such as yolo26n-sem.yaml, or task=detect."),
+    (["depth", "train", "model=yolo26n-sem.yaml", "checkpoint_stages=auto", "memory_budget=1GB"],
+     "task=depth: yolo26n-sem.yaml is a semantic model (its output layer trains semantic). Valid: a depth model such "
+     "as yolo26n-depth.yaml, or task=semantic."),
+])
+def test_task_the_model_cannot_train_is_one_line_before_any_work(args, line, tmp_path):
+    """Vanilla Ultralytics ends these in a traceback from inside the loss or the model loader."""
+    out = run(sys.executable, "-m", "yolo_ckpt", *args, f"project={tmp_path / 'runs'}",
+              env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert [x for x in out.stderr.splitlines() if x.strip()] == [f"yolo-ckpt: error: {line}"]
+    assert list(tmp_path.iterdir()) == []  # no run directory, no dataset
+
+
+@pytest.mark.parametrize("name, task, imgsz, channels", [("medical_semantic_2048.yaml", "semantic", 2048, 1),
+                                                         ("aerial_semantic_1024.yaml", "semantic", 1024, 3)])
+def test_semantic_recipes_are_valid(name, task, imgsz, channels):
+    """The recipes load as `yolo-ckpt train cfg=...` reads them, their settings pass the checks run before any work,
+    and their embedded data has the channels they say."""
+    from yolo_ckpt.resources import data_file
+    from yolo_ckpt.synthetic import recipe
+    from yolo_ckpt.trainer import check_settings, yaml_task
+
+    cfg = parse_train_args(["train", f"cfg={data_file('cfg', name)}"])
+    assert yaml_task(cfg["model"]) == task and cfg["imgsz"] == imgsz
+    check_settings(cfg["model"], {**cfg, "task": task})
+    assert recipe(cfg["data"]).get("channels", 3) == channels and task in recipe(cfg["data"])

@@ -70,7 +70,7 @@ def test_variant_without_the_task_is_one_line(capsys):
     assert cli.main(["pose", "train", f"data={MEDICAL}", "checkpoint_stages=all"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("yolo-ckpt: error: data=synthetic_medical: the embedded dataset has no pose labels. "
-                   "Valid tasks: detect, segment, obb.")
+                   "Valid tasks: detect, segment, obb, semantic, depth.")
 
 
 def test_one_channel_segmentation_trains_bitwise_like_vanilla(medical_data, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from yolo_ckpt import synthetic
@@ -27,7 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 COLUMNS = {"detect": 5, "obb": 9}  # fixed label row widths; segment and pose are checked separately
 MEDICAL = "synthetic_medical"
 # (variant, task) for every scene task each variant labels
-SCENES = [pytest.param(v, t, id=f"{v}-{t}") for v in VARIANTS for t in recipe_tasks(recipe(v)) if t in SCENE_TASKS]
+BOXES = ("detect", "segment", "obb", "pose")  # scene tasks with object label rows (semantic and depth: own tests)
+SCENES = [pytest.param(v, t, id=f"{v}-{t}") for v in VARIANTS for t in recipe_tasks(recipe(v)) if t in BOXES]
+DENSE = [pytest.param(v, id=v) for v in VARIANTS]  # semantic and depth: every variant labels both
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +98,7 @@ def test_medical_recipe_is_grayscale():
     assert r["channels"] == 1 and r["imgsz"] == 2048 and isinstance(r["version"], int)
     assert len(r["background"]["color"]) == 1 and all(len(s["color"]) == 1 for s in r["shapes"].values())
     assert set(r["shapes"]) == set(r["names"].values())
-    assert recipe_tasks(r) == ("detect", "segment", "obb") and recipe_tasks(recipe()) == TASKS
+    assert recipe_tasks(r) == ("detect", "segment", "obb", "semantic", "depth") and recipe_tasks(recipe()) == TASKS
     assert dataset_name(r, MEDICAL).startswith("synthetic_medical-v1-") and dataset_name(r, MEDICAL) != dataset_name(r)
 
 
@@ -114,7 +117,7 @@ def test_paths_returned(root):
         assert synthetic_dataset(task, root) == root / name / task / "data.yaml"
     assert synthetic_dataset("classify", root) == root / name / "classify"
     with pytest.raises(ValueError):
-        synthetic_dataset("depth", root)
+        synthetic_dataset("panoptic", root)
 
 
 def test_env_root(tmp_path, monkeypatch):
@@ -127,9 +130,10 @@ def test_byte_identical_regeneration(root, tmp_path):
         synthetic_dataset(task, tmp_path)
     a, b = _files(root), _files(tmp_path)
     assert a.keys() == b.keys()
-    assert sum(k.endswith(".png") for k in a) == len(SCENE_TASKS) * 24 + 2 * 4 * 8
+    # scene images, semantic masks, depth maps, classify images
+    assert sum(k.endswith(".png") for k in a) == len(SCENE_TASKS) * 24 + 24 + 24 + 2 * 4 * 8
     for rel in a:
-        if rel.endswith("data.yaml"):  # holds the absolute root path; the rest must match
+        if rel.endswith(".yaml"):  # data.yaml and polygons.yaml hold the absolute root path; the rest must match
             ya, yb = yaml.safe_load(a[rel].read_text()), yaml.safe_load(b[rel].read_text())
             assert ya.pop("path") != yb.pop("path") and ya == yb
         else:
@@ -323,3 +327,77 @@ def test_images_shared_between_scene_tasks(root):
     assert len({f.read_bytes() for f in files}) == 1
     if hasattr(os, "link"):
         assert len({f.stat().st_ino for f in files}) in (1, len(files))
+
+
+def _loaded(cls, data: dict, split: str, tmp_path: Path, task: str):
+    """An Ultralytics dataset of ``cls`` over a split, with its own per-file scan, which must find everything."""
+    ds = cls(img_path=data[split], data=data, task=task, imgsz=256, augment=False)
+    nf, nm, ne, nc, total = ds.cache_labels(tmp_path / f"{cls.__name__}_{split}.cache")["results"]
+    assert (nm, nc) == (0, 0) and nf == total == len(ds.labels) > 0, (cls.__name__, nf, nm, ne, nc, total)
+    return ds
+
+
+@pytest.mark.parametrize("variant", DENSE)
+def test_ultralytics_reads_semantic_masks_and_polygons(request, variant, tmp_path):
+    """Both forms load through Ultralytics' own semantic datasets with the same classes, and Ultralytics'
+    rasterization of the polygons agrees with the PNG masks after label_mapping."""
+    from ultralytics.data.dataset import PolygonSemanticDataset, SemanticDataset
+    from ultralytics.data.utils import add_polygon_background, check_det_dataset
+
+    r = recipe(variant)
+    masks_yaml = synthetic_dataset("semantic", _root(request, variant), variant)
+    masks = check_det_dataset(str(masks_yaml))
+    polygons = add_polygon_background(check_det_dataset(str(masks_yaml.parent / synthetic.POLYGONS)))
+    nc = len(r["names"]) + 1  # the classes, then background
+    assert masks["nc"] == polygons["nc"] == nc and masks["names"] == polygons["names"]
+    assert masks["names"][nc - 1] == "background" and polygons["bg_class_idx"] == nc - 1
+    assert masks["channels"] == polygons["channels"] == r.get("channels", 3)
+    seen = set()
+    for split in ("train", "val"):
+        a = _loaded(SemanticDataset, masks, split, tmp_path, "semantic")
+        b = _loaded(PolygonSemanticDataset, polygons, split, tmp_path, "semantic")
+        assert a.im_files == b.im_files and len(a.im_files) == r[split]
+        for i in range(3):  # full-resolution masks: a few images per split keep the test short
+            m = a.load_mask(i)  # training ids, at the image's native resolution
+            p = b.load_mask(i, image_shape=m.shape)
+            assert m.shape == (r["imgsz"],) * 2 and set(np.unique(m)) <= set(range(nc))
+            assert (m == p).mean() > 0.99, (split, i, (m == p).mean())  # outlines differ by rasterization only
+            seen |= set(np.unique(m).tolist())
+        item = a[0]
+        assert item["semantic_mask"].shape == (256, 256) and item["semantic_mask"].dtype == torch.int32
+        assert item["img"].shape == (r.get("channels", 3), 256, 256)
+    assert seen == set(range(nc)), seen  # every class and background occur
+
+
+@pytest.mark.parametrize("variant", DENSE)
+def test_ultralytics_reads_depth_maps(request, variant, tmp_path):
+    """Ultralytics' DepthDataset reads the uint16 maps in metres (``depth_scale``), and each labelled object is nearer
+    to the camera than the ground around it by about its recipe height."""
+    from ultralytics.data.dataset import DepthDataset
+    from ultralytics.data.utils import check_det_dataset
+
+    r = recipe(variant)
+    d = r["depth"]
+    root = _root(request, variant)
+    data = check_det_dataset(str(synthetic_dataset("depth", root, variant)))
+    assert data["depth_scale"] == d["scale"] and data["nc"] == 1 and data["channels"] == r.get("channels", 3)
+    ds = _loaded(DepthDataset, data, "val", tmp_path, "depth")
+    lowest = min(h[0] for h in d["heights"].values())
+    labels = _split_labels(root, "segment", "val", variant)  # the same scenes' outlines
+    checked = 0
+    for i, rows in enumerate(labels[:2]):
+        depth = ds._load_depth(i)
+        assert depth.dtype == np.float32 and depth.shape == (r["imgsz"],) * 2
+        assert 0 < depth.min() and depth.max() < d["max_depth"]
+        for row in rows:
+            inside = np.zeros(depth.shape, np.uint8)
+            cv2.fillPoly(inside, [np.rint(np.array(row[1:]).reshape(-1, 2) * r["imgsz"]).astype(np.int32)], 1)
+            ring = cv2.dilate(inside, np.ones((9, 9), np.uint8)) - cv2.dilate(inside, np.ones((5, 5), np.uint8))
+            core = cv2.erode(inside, np.ones((3, 3), np.uint8)).astype(bool)
+            if core.sum() < 20:
+                continue
+            assert np.median(depth[ring.astype(bool)]) - np.median(depth[core]) > 0.5 * lowest, (i, row[0])
+            checked += 1
+    assert checked >= 3
+    item = ds[0]
+    assert item["depth"].shape == (1, 256, 256) and item["depth"].dtype == torch.float32

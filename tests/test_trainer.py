@@ -25,6 +25,8 @@ from support import (
     run_differences,
     train_pair,
     train_run,
+    write_depth_set,
+    write_polygon_set,
 )
 
 BLOCKED = """
@@ -49,12 +51,14 @@ def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(d
 
 
 @pytest.mark.parametrize("task, model", [("segment", "yolo11n-seg.yaml"), ("pose", "yolo26n-pose.yaml"),
-                                         ("obb", "yolo11n-obb.yaml"), ("classify", "yolov8n-cls.yaml")])
+                                         ("obb", "yolo11n-obb.yaml"), ("classify", "yolov8n-cls.yaml"),
+                                         ("semantic", "yolo26n-sem.yaml"), ("depth", "yolo26n-depth.yaml")])
 def test_task_trainers_train_like_vanilla(task, model, tmp_path):
+    """On the embedded dataset of each task (semantic: its PNG masks with label_mapping)."""
     from yolo_ckpt.synthetic import synthetic_dataset
 
     data = str(synthetic_dataset(task))
-    imgsz = 64 if task == "classify" else 256
+    imgsz = {"classify": 64, "semantic": 128, "depth": 128}.get(task, 256)
     pair = train_pair(model, "all", data, tmp_path, epochs=1, imgsz=imgsz)
     assert_same_training(model, "all", *pair)
 
@@ -71,6 +75,33 @@ def test_cuda_trainer_bitwise_equal_to_vanilla(detect_data, tmp_path):
         pytest.fail("checkpointed vs vanilla:\n" + "\n".join(diffs) + "\nvanilla vs vanilla again:\n" +
                     ("\n".join(again) or "bitwise equal"), pytrace=False)
     assert_same_training("yolo11n.yaml", "all", vanilla, ckpt)
+
+
+EXTERNAL = {"yolo26n-sem.yaml": write_polygon_set, "yolo26n-depth.yaml": write_depth_set}
+
+
+@pytest.mark.parametrize("model, stages, mode, layers", [
+    ("yolo26n-sem.yaml", "all", "full", None),
+    ("yolo26n-sem.yaml", [2, 3], "selective", None),
+    ("yolo26n-depth.yaml", "all", "full", None),
+    ("yolo26n-depth.yaml", [], "full", "head"),  # the depth head (layers 13-23) alone
+])
+def test_semantic_and_depth_train_like_vanilla_on_foreign_data(model, stages, mode, layers, tmp_path):
+    """Semantic segmentation on YOLO polygons and depth on uint16 PNG maps, both written here with numpy/cv2 (not by
+    yolo_ckpt), train bit for bit as vanilla Ultralytics; the weights load in plain Ultralytics with safe loading."""
+    data = EXTERNAL[model](tmp_path / "data", size=128, images={"train": 6, "val": 2})
+    pair = train_pair(model, stages, data, tmp_path, mode=mode, layers=layers, imgsz=128)
+    assert_same_training(model, stages, *pair, layers=layers)
+    task = ultralytics.YOLO(model).task
+    image = next((tmp_path / "data" / "images" / "val").iterdir())
+    code = BLOCKED + f"""
+from ultralytics import YOLO
+m = YOLO(r"{pair[1] / 'weights' / 'best.pt'}")
+r = m.predict(r"{image}", imgsz=128, device="cpu")[0]
+print("OK", m.task, r.orig_shape)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SAFE, timeout=300)
+    assert out.returncode == 0 and f"OK {task} (128, 128)" in out.stdout, out.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,13 @@ from .trainer import (
     TRAINERS,
     YOLO,
     ClassificationTrainer,
+    DepthTrainer,
     DetectionTrainer,
     OBBTrainer,
     PoseTrainer,
     RTDETRTrainer,
     SegmentationTrainer,
+    SemanticSegmentationTrainer,
 )
 
 __version__ = "0.1.0"
@@ -27,6 +29,8 @@ __all__ = (
     "TRAINERS",
     "DetectionTrainer",
     "SegmentationTrainer",
+    "SemanticSegmentationTrainer",
+    "DepthTrainer",
     "PoseTrainer",
     "OBBTrainer",
     "ClassificationTrainer",

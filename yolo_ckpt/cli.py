@@ -2,11 +2,13 @@
 
 ``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
 defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
-checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (nothing to download), without
+checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (yolo26n for semantic and depth; nothing to
+download), without
 ``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task with the demo recipe
 ``cfg/demo.yaml`` (unless ``cfg=`` is given); ``data=synthetic_medical`` (which ``cfg/medical_2048.yaml`` sets) picks
 the grayscale medical variant instead. ``help`` prints our keys and modes before Ultralytics' help, ``version`` our
 version beside Ultralytics' and torch's. Every other mode is handed to ``yolo`` unchanged.
+A task it has no trainer for, or a task word the model's head does not train, stops with one line.
 
 ``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
 
@@ -40,6 +42,8 @@ DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= 
 DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch yolo26n.pt)
     "detect": "yolo11n.yaml",
     "segment": "yolo11n-seg.yaml",
+    "semantic": "yolo26n-sem.yaml",  # no yolo11 semantic or depth YAML ships with Ultralytics 8.4.190
+    "depth": "yolo26n-depth.yaml",
     "pose": "yolo11n-pose.yaml",
     "obb": "yolo11n-obb.yaml",
     "classify": "yolo11n-cls.yaml",
@@ -188,7 +192,7 @@ def train(args: list[str]) -> None:
         raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
     overrides["model"] = overrides.get("model") or DEFAULT_MODELS.get(task or "detect", DEFAULT_MODELS["detect"])
     if not overrides.get("resume"):  # reject bad settings before the model is built or the dataset generated
-        check_settings(overrides["model"], overrides)
+        check_settings(overrides["model"], {**overrides, "task": task})
     cls = model_class(overrides["model"])
     model = cls(overrides.pop("model"), **({} if cls is RTDETR else {"task": task}))  # RT-DETR: detect only, as `yolo`
     check_trainer(model)

@@ -63,8 +63,19 @@ def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJE
         imgsz: Square image side.
         batch: Images in the batch.
         objects: Labelled objects per image (detect, segment, pose, obb).
+
+    Semantic segmentation gets ``semantic_mask`` (int32 class ids, batch x imgsz x imgsz: the image's resolution,
+    as ``SemanticFormat`` and the collate give it; the loss upsamples its logits to it) and depth gets ``depth``
+    (float32 metres, batch x 1 x imgsz x imgsz, as ``DepthFormat``); every pixel is valid, the most the losses keep.
     """
-    from ultralytics.nn.tasks import ClassificationModel, OBBModel, PoseModel, SegmentationModel
+    from ultralytics.nn.tasks import (
+        ClassificationModel,
+        DepthModel,
+        OBBModel,
+        PoseModel,
+        SegmentationModel,
+        SemanticSegmentationModel,
+    )
 
     g = torch.Generator().manual_seed(0)
     device = next(model.parameters()).device
@@ -72,6 +83,12 @@ def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJE
     b = {"img": torch.rand(batch, model.yaml.get("channels", 3), imgsz, imgsz, generator=g)}
     if isinstance(model, ClassificationModel):
         b["cls"] = torch.randint(0, nc, (batch,), generator=g)
+        return {k: v.to(device) for k, v in b.items()}
+    if isinstance(model, SemanticSegmentationModel):
+        b["semantic_mask"] = torch.randint(0, model.model[-1].nc, (batch, imgsz, imgsz), generator=g, dtype=torch.int32)
+        return {k: v.to(device) for k, v in b.items()}
+    if isinstance(model, DepthModel):
+        b["depth"] = torch.rand(batch, 1, imgsz, imgsz, generator=g) * 50 + 1  # 1-51 m, all valid (> 0.001)
         return {k: v.to(device) for k, v in b.items()}
     n = batch * objects
     b["batch_idx"] = torch.arange(batch).repeat_interleave(objects).float()

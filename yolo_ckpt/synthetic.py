@@ -4,16 +4,22 @@ Each variant is a recipe in ``datasets/<variant>.yaml`` (installed as ``yolo_ckp
 generator:
 
 - ``synthetic_hr`` (the default): 1024x1024 aerial-style colour scenes with many small non-overlapping objects
-  (vehicle, building, tree, boat) on a textured background; labels for all five tasks.
+  (vehicle, building, tree, boat) on a textured background; labels for all seven Ultralytics tasks.
 - ``synthetic_medical``: 2048x2048 grayscale (1-channel) scan-like images with a few smooth blob and ellipse findings
-  (lesion, cyst, mass) on a smooth noisy background; detect, segment and obb labels, ``channels: 1`` in its data.yaml.
+  (lesion, cyst, mass) on a smooth noisy background; detect, segment, obb, semantic and depth labels, ``channels: 1``
+  in its data.yaml.
+
+Semantic labels come in both forms Ultralytics reads: raw-id PNG masks under ``semantic_masks/`` (``masks_dir``) with
+a Cityscapes-style ``label_mapping`` (data.yaml) and the same outlines as YOLO polygons under ``labels/``
+(polygons.yaml), with the same classes (background last). Depth maps are uint16 PNGs under ``depth/`` (metres x
+``depth_scale``).
 
 The same recipe always yields byte-identical PNG images and labels, so runs on different days train on the same data.
 
 Each task gets its own directory under ``<root>/<variant>-v<version>-<hash>/<task>/``, where ``root`` is the
 ``root`` argument, else ``$YOLO_CKPT_DATASETS``, else ``~/.cache/yolo_ckpt/datasets``, and ``hash`` is a short hash of
 the recipe content. A task directory is written under a temporary name and renamed into place, so it is either
-complete or absent; an existing one is reused as is. detect, segment, obb and pose share the same images (hard-linked
+complete or absent; an existing one is reused as is. The scene tasks share the same images (hard-linked
 when possible) and differ only in their label files. For classify, Ultralytics numbers the classes by sorted directory
 name (boat, building, tree, vehicle), not by the recipe's ``names`` order.
 
@@ -42,8 +48,10 @@ import yaml
 
 from .resources import data_file
 
-TASKS = ("detect", "segment", "obb", "pose", "classify")
-SCENE_TASKS = ("detect", "segment", "obb", "pose")  # tasks that share the same scene images
+TASKS = ("detect", "segment", "obb", "pose", "classify", "semantic", "depth")
+SCENE_TASKS = ("detect", "segment", "obb", "pose", "semantic", "depth")  # tasks that share the same scene images
+POLYGONS = "polygons.yaml"  # semantic/: the same labels as YOLO polygons, beside data.yaml (PNG masks)
+MASKS_DIR = "semantic_masks"  # not "masks": Ultralytics picks a masks/ folder beside images/ even without masks_dir
 VARIANTS = ("synthetic_hr", "synthetic_medical")  # recipe file stems in datasets/
 DEFAULT_VARIANT = "synthetic_hr"
 _SHIFT = 4  # cv2 fixed-point bits: polygons are drawn at 1/16 pixel precision
@@ -67,7 +75,8 @@ def recipe(variant: str = DEFAULT_VARIANT) -> dict[str, Any]:
 
 
 def recipe_tasks(r: dict[str, Any]) -> tuple[str, ...]:
-    """Tasks a recipe can label: every scene task, pose only with ``keypoints``, classify only with ``classify``.
+    """Tasks a recipe can label: every scene task; pose, classify, semantic and depth only with their recipe section
+    (``keypoints``, ``classify``, ``semantic``, ``depth``).
 
     Args:
         r (dict[str, Any]): A recipe, as returned by :func:`recipe`.
@@ -75,20 +84,23 @@ def recipe_tasks(r: dict[str, Any]) -> tuple[str, ...]:
     Returns:
         (tuple[str, ...]): The tasks, in the order of :data:`TASKS`.
     """
-    return tuple(t for t in TASKS if (t != "pose" or "keypoints" in r) and (t != "classify" or "classify" in r))
+    needs = {"pose": "keypoints", "classify": "classify", "semantic": "semantic", "depth": "depth"}
+    return tuple(t for t in TASKS if needs.get(t, "names") in r)
 
 
 def synthetic_dataset(task: str = "detect", root: str | Path | None = None, variant: str = DEFAULT_VARIANT) -> Path:
     """Generate (once) and return the data path for ``task``.
 
     Args:
-        task (str): One of ``detect``, ``segment``, ``obb``, ``pose``, ``classify`` that the variant labels.
+        task (str): One of :data:`TASKS` that the variant labels.
         root (str | Path | None): Cache root; defaults to ``$YOLO_CKPT_DATASETS``, else ``~/.cache/yolo_ckpt/datasets``.
         variant (str): Which recipe, one of :data:`VARIANTS`.
 
     Returns:
-        (Path): The data YAML path for detect/segment/pose/obb, or the dataset root directory (holding ``train/`` and
-            ``val/``) for classify, as Ultralytics classification takes a directory.
+        (Path): The data YAML path for the scene tasks, or the dataset root directory (holding ``train/`` and
+            ``val/``) for classify, as Ultralytics classification takes a directory. For semantic, data.yaml reads
+            the PNG masks (``masks_dir``, ``label_mapping``); :data:`POLYGONS` beside it reads the same labels as
+            YOLO polygons.
 
     Raises:
         ValueError: If ``task`` or ``variant`` is unknown, or the variant has no labels for ``task``.
@@ -155,13 +167,21 @@ def _write_scenes(r: dict[str, Any], task: str, out: Path, final: Path, variant:
     names = {int(k): v for k, v in r["names"].items()}
     for split_idx, split in enumerate(("train", "val")):
         (out / "images" / split).mkdir(parents=True)
-        (out / "labels" / split).mkdir(parents=True)
         for i in range(int(r[split])):
             stem = f"{split}_{i:04d}"
             rng = np.random.default_rng([int(r["seed"]), 0, split_idx, i])  # own stream per image
             objects = _scene(rng, r)
-            lines = [_label_line(o, task, r) for o in objects]
-            (out / "labels" / split / f"{stem}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            if task != "depth":  # depth has no label rows, only its maps
+                lines = [_label_line(o, "segment" if task == "semantic" else task, r) for o in objects]
+                (out / "labels" / split).mkdir(parents=True, exist_ok=True)
+                (out / "labels" / split / f"{stem}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            if task == "semantic":
+                (out / MASKS_DIR / split).mkdir(parents=True, exist_ok=True)
+                _write_png(out / MASKS_DIR / split / f"{stem}.png", _semantic_mask(r, objects))
+            elif task == "depth":
+                (out / "depth" / split).mkdir(parents=True, exist_ok=True)
+                depth_rng = np.random.default_rng([int(r["seed"]), 2, split_idx, i])  # leaves the image stream alone
+                _write_png(out / "depth" / split / f"{stem}.png", _depth_map(depth_rng, r, objects))
             image = out / "images" / split / f"{stem}.png"
             if not _link_sibling(final.parent, task, image.relative_to(out), image):
                 _write_png(image, _render(rng, r, objects, int(r["imgsz"])))  # same rng, drawn after the layout
@@ -174,9 +194,19 @@ def _write_scenes(r: dict[str, Any], task: str, out: Path, final: Path, variant:
         data["kpt_shape"] = [len(kpts), int(r["kpt_dims"])]
         data["flip_idx"] = [int(x) for x in r["flip_idx"]]
         data["kpt_names"] = {k: list(kpts) for k in names}  # distinct lists: no YAML anchors
+    if task == "depth":
+        d = r["depth"]
+        data.update(names={0: "depth"}, nc=1, depth_scale=d["scale"], max_depth=d["max_depth"])
     header = f"# {final.parent.name} ({task}), generated by yolo_ckpt.synthetic from {variant}.yaml; do not edit\n"
+    if task == "semantic":  # polygons: Ultralytics appends the background class itself (add_polygon_background)
+        _write_yaml(out / POLYGONS, header + "# YOLO polygon labels (labels/); data.yaml reads the PNG masks\n", data)
+        data.update(masks_dir=MASKS_DIR, names={**names, len(names): "background"}, label_mapping=_label_mapping(r))
+    _write_yaml(out / "data.yaml", header, data)
+
+
+def _write_yaml(path: Path, header: str, data: dict[str, Any]) -> None:
     text = header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True)
-    (out / "data.yaml").write_text(text, encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
 
 
 def _scene(rng: np.random.Generator, r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -353,6 +383,49 @@ def _write_png(path: Path, img: np.ndarray) -> None:
     """Write a lossless PNG, raising on failure (cv2.imwrite only returns False)."""
     if not cv2.imwrite(str(path), img, [cv2.IMWRITE_PNG_COMPRESSION, 3]):
         raise OSError(f"could not write {path}")
+
+
+# Semantic masks and depth maps ----------------------------------------------------------------------------------------
+
+
+def _label_mapping(r: dict[str, Any]) -> dict[int, int | str]:
+    """Cityscapes-style ``label_mapping``: raw mask id -> training id (classes in ``names`` order, background last),
+    and the recipe's unlabelled id -> ``ignore_label``."""
+    sem, names = r["semantic"], {int(k): v for k, v in r["names"].items()}
+    mapping: dict[int, int | str] = {int(sem["ids"][name]): k for k, name in names.items()}
+    mapping[int(sem["background_id"])] = len(names)
+    mapping[int(sem["unlabelled_id"])] = "ignore_label"
+    return dict(sorted(mapping.items()))
+
+
+def _semantic_mask(r: dict[str, Any], objects: list[dict[str, Any]]) -> np.ndarray:
+    """Raw-id mask (uint8, imgsz x imgsz): each object's labelled outline filled with its class's raw id (not
+    anti-aliased, at 1/16 pixel precision) on the background id."""
+    sem, size = r["semantic"], int(r["imgsz"])
+    mask = np.full((size, size), int(sem["background_id"]), np.uint8)
+    for o in objects:
+        fixed = np.rint(_to_image(o, o["outline"]) * (1 << _SHIFT)).astype(np.int32)
+        cv2.fillPoly(mask, [fixed], int(sem["ids"][r["names"][o["cls"]]]), lineType=cv2.LINE_8, shift=_SHIFT)
+    return mask
+
+
+def _depth_map(rng: np.random.Generator, r: dict[str, Any], objects: list[dict[str, Any]]) -> np.ndarray:
+    """Metric depth as Ultralytics reads it (uint16 PNG values = metres x ``scale``): the camera's distance to a tilted
+    ground with smooth relief, less each object's height over its labelled outline (flat tops)."""
+    d, size = r["depth"], int(r["imgsz"])
+    grid = rng.standard_normal((4, 4))
+    depth = float(d["distance"]) + float(d["relief"]) * cv2.resize(grid, (size, size), interpolation=cv2.INTER_CUBIC)
+    theta = rng.uniform(0, 2 * np.pi)
+    ramp = (np.arange(size) / size - 0.5) * float(d["tilt"])
+    depth += np.cos(theta) * ramp[None, :] + np.sin(theta) * ramp[:, None]
+    for o in objects:
+        top = float(depth[int(o["cy"]), int(o["cx"])]) - float(rng.uniform(*d["heights"][r["names"][o["cls"]]]))
+        fixed = np.rint(_to_image(o, o["outline"]) * (1 << _SHIFT)).astype(np.int32)
+        cv2.fillPoly(depth, [fixed], top, lineType=cv2.LINE_8, shift=_SHIFT)
+    scaled = np.rint(depth * float(d["scale"]))
+    if scaled.min() < 1 or scaled.max() > np.iinfo(np.uint16).max:
+        raise ValueError(f"depth {depth.min():.3f}-{depth.max():.3f} m does not fit uint16 at scale {d['scale']}")
+    return scaled.astype(np.uint16)
 
 
 # Classification -----------------------------------------------------------------------------------------------------

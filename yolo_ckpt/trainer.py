@@ -86,6 +86,7 @@ def check_settings(model: Any, args: dict) -> None:
     if (mode := word(args.get("checkpoint_mode")) or "full") not in MODES:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
                                     f"'selective' (keep convolution outputs, recompute the rest).")
+    check_task(model, args.get("task"))
     if model is not None and not is_auto(args.get("checkpoint_stages")):
         CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
 
@@ -97,6 +98,46 @@ def trains_on_cuda(device: Any) -> bool:
     if name in {"cpu", "mps"} or name.startswith("mps"):
         return False
     return bool(name) or torch.cuda.is_available()
+
+
+# Ultralytics head modules and the task each trains (8.4.190), most specific first: Segment, Pose and OBB subclass
+# Detect; YOLOESegment subclasses YOLOEDetect, not Segment.
+HEAD_TASKS = (("SemanticSegment", "semantic"), ("Segment", "segment"), ("YOLOESegment", "segment"), ("Pose", "pose"),
+              ("OBB", "obb"), ("Depth", "depth"), ("Classify", "classify"), ("Detect", "detect"),
+              ("RTDETRDecoder", "detect"))
+
+
+def yaml_task(model: Any) -> str | None:
+    """The task a model YAML's output module trains, or ``None`` when ``model`` is no YAML or its head is unknown."""
+    import ultralytics.nn.modules as modules
+    from ultralytics.nn.tasks import yaml_model_load
+
+    if not isinstance(model, (str, Path)) or Path(model).suffix not in {".yaml", ".yml"}:
+        return None
+    try:
+        head = getattr(modules, str(yaml_model_load(model)["head"][-1][2]), None)
+    except Exception:  # a missing or malformed YAML: Ultralytics' own error comes when it is built
+        return None
+    classes = [(getattr(modules, name), task) for name, task in HEAD_TASKS]
+    return next((task for cls, task in classes if isinstance(head, type) and issubclass(head, cls)), None)
+
+
+def check_task(model: Any, task: str | None) -> None:
+    """Reject, in one line, a task yolo-ckpt has no trainer for, or a task the model's head does not train.
+
+    Raises:
+        CheckpointConfigError: Naming the valid tasks, or a model of the task and the model's own task.
+    """
+    if task is None:
+        return
+    if task not in TRAINERS:
+        raise CheckpointConfigError(f"task={task!r} is not a task yolo-ckpt trains. Valid: {', '.join(TRAINERS)}.")
+    own = yaml_task(model)
+    if own is not None and own != task:
+        from .cli import DEFAULT_MODELS
+
+        raise CheckpointConfigError(f"task={task}: {Path(model).name} is a {own} model (its output layer trains "
+                                    f"{own}). Valid: a {task} model such as {DEFAULT_MODELS[task]}, or task={own}.")
 
 
 def is_auto(stages: Any) -> bool:
@@ -639,9 +680,19 @@ class RTDETRTrainer(CheckpointMixin, UltralyticsRTDETRTrainer):
     ``checkpoint_layers=head``)."""
 
 
+class SemanticSegmentationTrainer(CheckpointMixin, yolo.semantic.SemanticSegmentationTrainer):
+    """Ultralytics ``SemanticSegmentationTrainer`` (``yolo26*-sem.yaml``) with ``checkpoint_stages``."""
+
+
+class DepthTrainer(CheckpointMixin, yolo.depth.DepthTrainer):
+    """Ultralytics ``DepthTrainer`` (``yolo26*-depth.yaml``) with ``checkpoint_stages``."""
+
+
 TRAINERS = {
     "detect": DetectionTrainer,
     "segment": SegmentationTrainer,
+    "semantic": SemanticSegmentationTrainer,
+    "depth": DepthTrainer,
     "pose": PoseTrainer,
     "obb": OBBTrainer,
     "classify": ClassificationTrainer,

@@ -1,0 +1,58 @@
+"""How much of a training step's memory the loss itself takes (semantic segmentation, depth, any task).
+
+The semantic loss upsamples its logits to the mask's full resolution (batch x classes x imgsz x imgsz, then softmax,
+cross-entropy and Dice on every pixel) and the depth loss runs a four-scale gradient-matching term on full-resolution
+log-depth maps: at 1024-2048 px these are large, and no checkpoint plan touches them. Measured with exact live tensor
+bytes (``LiveTensorTracker``), one training step at a time:
+
+- the step as planning measures it (``yolo_ckpt.measure.measure_peak``: ``model.loss`` forward and backward, the
+  loss included), vanilla and with the whole network checkpointed;
+- the loss alone: its forward and its backward into the head's outputs (detached leaves), on top of nothing else.
+
+Usage:
+    python benchmarks/loss_memory.py --models yolo26n-sem.yaml yolo26n-depth.yaml --imgsz 1024 --batch 4
+"""
+
+import argparse
+
+import torch
+
+from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan
+
+
+def loss_alone(model, data) -> int:
+    """Peak live tensor bytes of the criterion's forward and backward on the head's outputs (made outside)."""
+    with torch.no_grad():
+        preds = model(data["img"])
+    leaves = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().requires_grad_(), preds)
+    criterion = model.criterion if getattr(model, "criterion", None) else model.init_criterion()
+    with LiveTensorTracker() as tracker:
+        loss, _ = criterion(leaves, data)
+        loss.sum().backward()
+        del loss
+    return tracker.peak
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["yolo26n-sem.yaml", "yolo26n-depth.yaml"])
+    p.add_argument("--imgsz", nargs="+", type=int, default=[1024])
+    p.add_argument("--batch", type=int, default=4)
+    a = p.parse_args()
+    print("| model | imgsz | batch | step peak MiB (vanilla) | loss alone MiB | share | step peak MiB (all + head) "
+          "| loss alone / that |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in a.models:
+        model = build_model(name)
+        for imgsz in a.imgsz:
+            data = training_batch(model, imgsz, a.batch)
+            vanilla = measure_peak(model, data).peak
+            whole = measure_peak(with_plan(model, "all", "full", "head"), data).peak
+            alone = loss_alone(model, data)
+            print(f"| {name} | {imgsz} | {a.batch} | {vanilla / 2**20:.0f} | {alone / 2**20:.0f} | "
+                  f"{alone / vanilla:.3f} | {whole / 2**20:.0f} | {alone / whole:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

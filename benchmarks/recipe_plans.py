@@ -1,0 +1,93 @@
+"""Which plan ``checkpoint_stages=auto memory_budget=24GB`` gives each high-resolution recipe at its batch.
+
+Builds each recipe's model as its trainer would (the embedded dataset's classes, plus background for semantic
+segmentation, and its image channels) and runs the planner's two stages as ``yolo-ckpt train`` does for a fixed batch:
+
+1. ``unit_costs``: the vanilla step and each unit (stage, head; full and selective) alone, measured at batch 1 (exact
+   live tensor bytes and FLOPs, real training steps on this machine's CPU), and every candidate plan ranked by FLOPs
+   with its memory predicted at the recipe's batch (``candidates``): the cheapest predicted to fit 60% of the budget
+   (``auto`` measures the candidates predicted within 10% of it in FLOPs order and takes the first whose measured step
+   fits; predictions are within about 10% of measured steps);
+2. with ``--measure``, ``choose_plan`` itself: the measured step at the recipe's batch decides. This holds the whole
+   step in host memory (above 10 GB at these sizes for vanilla): run it where that memory exists (a GPU: see
+   ``benchmarks/gpu_check.py``), which is why it is opt-in.
+
+Usage:
+    python benchmarks/recipe_plans.py cfg/medical_semantic_2048.yaml cfg/aerial_semantic_1024.yaml --budget 24GB
+"""
+
+import argparse
+import time
+
+from ultralytics.cfg import get_cfg
+from ultralytics.nn.tasks import DepthModel, SemanticSegmentationModel
+from ultralytics.utils import YAML
+
+from yolo_ckpt.autobatch import parse_memory, state_bytes
+from yolo_ckpt.planner import NothingFits, candidates, choose_plan, describe, unit_costs
+from yolo_ckpt.measure import training_batch
+from yolo_ckpt.synthetic import recipe
+
+MODELS = {"semantic": SemanticSegmentationModel, "depth": DepthModel}
+
+
+def recipe_model(cfg: dict):
+    """The model a recipe trains, built as its trainer builds it from the embedded dataset's data.yaml."""
+    data = recipe(cfg["data"])
+    task = "semantic" if "-sem" in cfg["model"] else "depth"
+    nc = len(data["names"]) + 1 if task == "semantic" else 1  # semantic: the classes, then background
+    model = MODELS[task](cfg["model"], ch=int(data.get("channels", 3)), nc=nc, verbose=False)
+    model.args = get_cfg(overrides={"task": task})  # the loss reads its hyperparameters here
+    return model.float().train()
+
+
+def predicted(model, imgsz: int, batch: int, target: int) -> str:
+    """The cheapest candidate predicted (from batch-1 steps) to fit ``target``, and the plan that keeps the least."""
+    costs = unit_costs(model, imgsz)
+    data = training_batch(model, imgsz, batch)
+    fixed = state_bytes(model) + sum(t.untyped_storage().nbytes() for t in data.values())  # as step_bytes counts
+    del data
+    vanilla = fixed + costs.predict((), "full", batch)[0]
+    ranked = candidates(costs, batch, fixed)
+    least = min(ranked, key=lambda c: c.predicted_bytes)
+    head = f"vanilla predicted {vanilla / 2**30:.2f} GB of {target / 2**30:.2f} GB"
+    if vanilla <= target:
+        return f"{head}: auto keeps everything (no plan needed)"
+    if (c := next((c for c in ranked if c.predicted_bytes <= target), None)) is None:
+        return f"{head}; nothing predicted to fit (least: {describe(least)} {least.predicted_bytes / 2**30:.2f} GB)"
+    base = batch * costs.plain[4]
+    return (f"{head}; cheapest plan predicted to fit: {describe(c)}, predicted {c.predicted_bytes / 2**30:.2f} GB, "
+            f"{1 + c.flops / base:.3f}x FLOPs (least-keeping plan {describe(least)}: "
+            f"{least.predicted_bytes / 2**30:.2f} GB, {1 + least.flops / base:.3f}x)")
+
+
+def measured(model, imgsz: int, batch: int, target: int) -> str:
+    """What ``choose_plan`` chooses, every step measured at ``batch``."""
+    try:
+        c = choose_plan(model, imgsz, batch, target)
+    except NothingFits as e:
+        return str(e)
+    return (f"auto chooses {describe(c.candidate)}, measured {c.measured_bytes / 2**30:.2f} GB of "
+            f"{c.target_bytes / 2**30:.2f} GB, {1 + c.candidate.flops / c.base_flops:.3f}x FLOPs; measured: "
+            + "; ".join(f"{describe(t)} {b / 2**30:.2f} GB" for t, b in c.tried))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recipes", nargs="+")
+    p.add_argument("--budget", default="24GB")
+    p.add_argument("--fraction", type=float, default=0.6)
+    p.add_argument("--measure", action="store_true", help="run choose_plan: measure at the recipe's batch")
+    a = p.parse_args()
+    for path in a.recipes:
+        cfg = YAML.load(path)
+        model, t0 = recipe_model(cfg), time.time()
+        target = int(a.fraction * parse_memory(a.budget))
+        line = (measured if a.measure else predicted)(model, cfg["imgsz"], cfg["batch"], target)
+        print(f"{path}: {cfg['model']} imgsz={cfg['imgsz']} batch={cfg['batch']} channels="
+              f"{model.yaml.get('channels', 3)}, {a.fraction:.0%} of {a.budget}: {line} ({time.time() - t0:.0f} s)",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
