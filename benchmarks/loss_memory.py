@@ -17,8 +17,8 @@ import argparse
 
 import torch
 
-from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan
+from yolo_ckpt.memory import LiveTensorTracker
 
 
 def loss_alone(model, data) -> int:

@@ -24,8 +24,8 @@ from ultralytics.nn.tasks import DepthModel, SemanticSegmentationModel
 from ultralytics.utils import YAML
 
 from yolo_ckpt.autobatch import parse_memory, state_bytes
-from yolo_ckpt.planner import NothingFits, candidates, choose_plan, describe, unit_costs
 from yolo_ckpt.measure import training_batch
+from yolo_ckpt.planner import NothingFits, candidates, choose_plan, describe, unit_costs
 from yolo_ckpt.synthetic import recipe
 
 MODELS = {"semantic": SemanticSegmentationModel, "depth": DepthModel}
