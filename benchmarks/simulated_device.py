@@ -1,9 +1,9 @@
 """Memory decisions on a simulated GPU: the cases of the issue about planning that fits the device it plans for.
 
 Usage:
-    python benchmarks/simulated_device.py auto        # auto, yolo11n 640 batch 4, memory_budget=925MB on a 925 MiB device
-    python benchmarks/simulated_device.py budget      # batch=-1 memory_budget=4GB on a 1.5 GB device vs unlimited
-    python benchmarks/simulated_device.py escalate    # [2,3] at batch 4 on a device of 0.6x vanilla's epoch peak
+    python benchmarks/simulated_device.py auto      # auto, yolo11n 640 batch 4, memory_budget=925MB, a 925 MiB device
+    python benchmarks/simulated_device.py budget    # batch=-1 memory_budget=4GB on a 1.5 GB device vs unlimited
+    python benchmarks/simulated_device.py escalate  # [2,3] at batch 4 on a device of 0.6x vanilla's epoch peak
 
 Each prints what planning chose, whether anything ran out of memory, and the simulated device's peaks (exact live
 tensor bytes): for ``auto`` the planning phase (from the start of training to its first epoch, the training model
