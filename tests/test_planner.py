@@ -146,3 +146,22 @@ def test_nothing_fits_in_training_says_which_budget_would(detect_data, tmp_path,
     assert len(err.splitlines()) == 1 and err.startswith("yolo-ckpt: error: checkpoint_stages=auto: nothing fits")
     budget = re.search(r"memory_budget=(\d+MB) would fit it, or lower batch or imgsz$", err).group(1)
     assert cli.main([*args[:-1], f"memory_budget={budget}"]) == 0  # and it does
+
+
+def test_auto_with_autobatch_caps_at_the_training_images(detect_data, tmp_path):
+    """As Ultralytics' AutoBatch: a budget that would allow far more than the 16 embedded images plans for 16, the
+    batch that trains, and says so."""
+    from yolo_ckpt import YOLO
+    from yolo_ckpt.planner import choose_plan_and_batch as choose
+
+    model = YOLO("yolov8n.yaml")
+    seen = {}
+    model.add_callback("on_train_start", lambda t: seen.update(batch=t.batch_size, target=t.memory_target))
+    model.train(data=detect_data, project=str(tmp_path), epochs=1, imgsz=64, batch=-1, memory_budget="8GB",
+                checkpoint_stages="auto", workers=0, device="cpu", plots=False, val=False)
+    assert seen["batch"] == 16 and seen["target"] == int(0.6 * 8 * 2**30)
+    args = yaml.safe_load((Path(model.trainer.save_dir) / "args.yaml").read_text())
+    assert args["checkpoint_stages"] != "auto"
+    small = DetectionModel(deepcopy(SMALL), verbose=False).train()
+    small.args = get_cfg()
+    assert choose(small, 64, 8 * 2**30, 0.6, max_batch=16).batch == 16  # the planner itself stops at the cap
