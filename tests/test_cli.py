@@ -325,3 +325,19 @@ def test_semantic_recipes_are_valid(name, task, imgsz, channels):
     assert yaml_task(cfg["model"]) == task and cfg["imgsz"] == imgsz
     check_settings(cfg["model"], {**cfg, "task": task})
     assert recipe(cfg["data"]).get("channels", 3) == channels and task in recipe(cfg["data"])
+
+
+def test_profile_follows_the_runs_amp_and_channels_last():
+    """As Ultralytics' trainer picks them (8.4.190): AMP and channels_last on CUDA only; bf16 is bfloat16."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from yolo_ckpt.cli import training_formats
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    run_cfg = lambda amp, cl: SimpleNamespace(amp=amp, channels_last=cl)  # noqa: E731
+    assert training_formats(run_cfg(True, None), cpu) == (None, False)
+    assert training_formats(run_cfg(True, None), cuda) == (torch.float16, True)
+    assert training_formats(run_cfg("bf16", False), cuda) == (torch.bfloat16, False)
+    assert training_formats(run_cfg(False, True), cuda) == (None, True)

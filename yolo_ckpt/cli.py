@@ -27,6 +27,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from ultralytics.cfg import (
     MODES,
@@ -277,8 +278,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
+    """``(autocast dtype or None, channels_last)`` as Ultralytics' trainer picks them (8.4.190, ``_setup_train`` and the
+    train loop): AMP and channels_last on CUDA only, ``amp=bf16`` as bfloat16, ``channels_last=None`` meaning on
+    (but on Windows)."""
+    import torch
+    from ultralytics.utils import WINDOWS
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None, False
+    amp = torch.bfloat16 if cfg.amp == "bf16" else torch.float16 if cfg.amp else None
+    return amp, cfg.channels_last is True or (cfg.channels_last is None and not WINDOWS)
+
+
 def profile(args: list[str]) -> list[Path]:
     """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed."""
+    import torch
     from ultralytics.cfg import get_save_dir
     from ultralytics.utils import colorstr
     from ultralytics.utils.torch_utils import select_device
@@ -293,16 +308,20 @@ def profile(args: list[str]) -> list[Path]:
     cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
     model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
     check_settings(model_name, vars(cfg))  # as train does: one line before anything is measured
-    model = build_model(model_name).to(select_device(cfg.device, verbose=False))
+    device = select_device(cfg.device, verbose=False)
+    amp, channels_last = training_formats(cfg, device)
+    model = build_model(model_name).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     cfg.task = cfg.task or model.task
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     plans = standard_plans(model)
     if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
         plans["yours"] = (cfg.checkpoint_stages or [], word(cfg.checkpoint_mode) or "full", cfg.checkpoint_layers)
-    stages = profile_stages(model, cfg.imgsz, batch, progress=True)
-    plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True)
+    stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
+    plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
-    extra = tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction)
+    extra = tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp)
     LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
     front = [r for r in extra["candidates"] if r["pareto"]]
     for rows in (stages, plans, front, extra["untouchable"]):

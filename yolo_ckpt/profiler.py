@@ -97,7 +97,8 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
     return {k: sum(v.values()) for k, v in saved.items()}
 
 
-def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False) -> list[dict]:
+def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False,
+                   amp: torch.dtype | None = None) -> list[dict]:
     """Per backbone stage: layers, output shape, bytes kept for backward with and without checkpointing, FLOPs.
 
     Without checkpointing, a stage keeps what its ops save for backward (``saved_tensors_hooks``). Checkpointed, it
@@ -111,7 +112,7 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
     shapes = {}
     ends = [model.model[layers[-1]] for layers in stages.values()]
     hooks = [m.register_forward_hook(lambda m, i, o: shapes.__setitem__(m.i, tuple(o.shape))) for m in ends]
-    base = measure_step(model, data, repeats=0)
+    base = measure_step(model, data, repeats=0, amp=amp)
     for h in hooks:
         h.remove()
     saved = _saved_per_stage(model, data, stages)
@@ -119,7 +120,7 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
     rows = []
     for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
         with planned_copy(model, [k]) as m:
-            step = measure_step(m, data, repeats=0)
+            step = measure_step(m, data, repeats=0, amp=amp)
         freed = base.saved_bytes - step.saved_bytes
         rows.append({
             "stage": k,

@@ -118,7 +118,7 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
 
 
 def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int | None = None,
-              fraction: float = 0.6) -> dict:
+              fraction: float = 0.6, amp: torch.dtype | None = None) -> dict:
     """What ``yolo-ckpt profile`` reports beyond its fixed plans: every candidate plan with its Pareto flag; with
     ``memory_budget``, auto's choice for ``fraction`` of it and the largest imgsz each Pareto plan (and vanilla) fits
     at this batch; the memory no plan changes.
@@ -127,13 +127,13 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
         (dict): ``candidates`` (rows of ``measure_candidates``), ``untouchable``, ``notes`` (lines for the log) and
         ``chosen`` (auto's row, or ``None``).
     """
-    costs, measured = unit_costs(model, imgsz), {}
-    rows = measure_candidates(model, imgsz, batch, costs=costs, measured=measured)
+    costs, measured = unit_costs(model, imgsz, amp=amp), {}
+    rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, measured=measured)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
     if memory_budget is not None:
         target = int(fraction * parse_memory(memory_budget))
         try:
-            c = choose_plan(model, imgsz, batch, target, costs=costs, measured=measured).candidate  # no new steps
+            c = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs, measured=measured).candidate
             chosen = next(r for r in rows if r["plan"] == describe(c) and r["checkpoint_mode"] == c.mode)
             chosen["auto"] = True
             notes.append(f"checkpoint_stages=auto chooses {chosen['plan']} for {fraction:.0%} of "
@@ -142,9 +142,10 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
             notes.append(str(e))
         for r in rows:
             if r["pareto"] or r is rows[0]:  # vanilla too, for comparison
-                r["largest_imgsz"] = largest_imgsz(model, r, batch, target, imgsz)
+                r["largest_imgsz"] = largest_imgsz(model, r, batch, target, imgsz, amp=amp)
                 notes.append(f"{r['plan']}: imgsz up to {r['largest_imgsz']} at batch {batch} (predicted)")
-    return {"candidates": rows, "untouchable": untouchable(model, imgsz, batch), "notes": notes, "chosen": chosen}
+    return {"candidates": rows, "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": notes,
+            "chosen": chosen}
 
 
 def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ...] = (10, 50, 200),
