@@ -97,6 +97,8 @@ def dump_training(trainer) -> None:
     out = Path(trainer.save_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"forwards_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "forward_counts", None)))
+    # whether this rank measured auto's unit costs itself (under DDP only rank 0 plans and broadcasts)
+    (out / f"planned_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "_plan_costs", None) is not None))
     if isinstance(trainer.model, torch.nn.Module):
         torch.save(unwrap_model(trainer.model).state_dict(), out / f"model_rank{RANK}.pt")
 

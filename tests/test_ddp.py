@@ -6,6 +6,7 @@ Ultralytics' own through that path with the same arguments and compare every sav
 layer forwards prove that the recompute ran there.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,9 +87,11 @@ def test_two_process_ddp_matches_plain_ddp(gloo_runs):
     assert_same_run(gloo_runs["vanilla"], gloo_runs["ckpt"], ranks=(0, 1))
 
 
-def test_two_process_ddp_auto_chooses_one_plan_per_rank_and_matches_plain_ddp(gloo_runs):
-    """Each rank plans for its own share of the batch; with memory_budget both choose the same plan, record it, and
-    train as plain DDP."""
+def test_two_process_ddp_auto_plans_once_and_matches_plain_ddp(gloo_runs):
+    """Rank 0 plans for its share of the batch and broadcasts; both ranks install that plan, record it, and train as
+    plain DDP."""
+    planned = [json.loads((gloo_runs["auto"] / f"planned_rank{r}.json").read_text()) for r in (0, 1)]
+    assert planned == [True, False]  # only rank 0 measured
     chosen = yaml.safe_load((gloo_runs["auto"] / "args.yaml").read_text())
     assert chosen["checkpoint_stages"] != "auto" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
     plan = CheckpointPlan.from_spec(DetectionModel("yolo11n.yaml", verbose=False), chosen["checkpoint_stages"],
