@@ -127,17 +127,17 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
     static, target = state_bytes(model), int(fraction * budget)
     room = probe_room(model, target)
     first = probe_step(model, imgsz, 1, objects, amp, room.limit)
-    if first is None or first.bytes > target:
+    if first is None or first > target:
         where = "the device" if room.device is not None and room.device < target else f"{target / 2**30:.3f} GB"
-        need = f"{first.bytes / 2**30:.3f} GB" if first else f"more than {room.limit / 2**30:.3f} GB"
+        need = f"{first / 2**30:.3f} GB" if first else f"more than {room.limit / 2**30:.3f} GB"
         raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {need}, over {where}")
-    points, b, over = {1: first.bytes}, 1, False
+    points, b, over = {1: first}, 1, False
     while (nxt := room.bounded(b, points[b], static, max_batch)) > b:  # measured only where the bound admits it
         got = probe_step(model, imgsz, nxt, objects, amp, room.limit)
-        if got is None or got.bytes > target:  # not a·b + c after all: keep the largest measured fit
+        if got is None or got > target:  # not a·b + c after all: keep the largest measured fit
             over = got is not None
             break
-        points[nxt], b = got.bytes, nxt
+        points[nxt], b = got, nxt
     unlimited = ProbeRoom(target, None)  # what the share alone would admit beyond the device's stop
     if over or room.device is None or room.device >= target or unlimited.bounded(b, points[b], static, max_batch) <= b:
         return BatchPlan(b, points[b], target, False, points)

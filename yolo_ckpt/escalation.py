@@ -114,7 +114,9 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
         with planned_copy(model, settings.get("checkpoint_stages"), settings.get("checkpoint_mode") or "full",
                           settings.get("checkpoint_layers") or None) as m:
             one = probe_step(m, imgsz, 1, objects, amp)
-        current = fixed + batch * (one.bytes - state_bytes(model) - batch_bytes(model, imgsz, 1, objects))
+        # batch 1 not on the device either: every plan in the planner's space may keep less
+        current = 2**62 if one is None else fixed + batch * (one - state_bytes(model) -
+                                                             batch_bytes(model, imgsz, 1, objects))
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
         got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
         if got is not None:

@@ -138,12 +138,10 @@ class StepMemory(NamedTuple):
     Attributes:
         peak (int): Peak live tensor bytes the step allocated (activations, gradients, loss).
         saved (int): Bytes still alive after forward, i.e. kept for backward.
-        largest (int): The largest single allocation (bounds what one op adds past a limit).
     """
 
     peak: int
     saved: int
-    largest: int
 
 
 def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, limit: int | None = None) -> StepMemory:
@@ -168,25 +166,7 @@ def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, 
             del loss
     finally:
         model.zero_grad(set_to_none=True)
-    return StepMemory(tracker.peak, saved, tracker.largest)
-
-
-class Probe(NamedTuple):
-    """A measured probe step: its bytes as planning counts them, and its largest single allocation."""
-
-    bytes: int
-    largest: int
-
-
-def _step(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None,
-          limit: int | None) -> Probe:
-    static = state_bytes(model)
-    inputs = batch_bytes(model, imgsz, batch, objects)
-    if limit is not None and static + inputs > limit:
-        raise LimitReached(f"the batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
-    data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
-    mem = measure_peak(model, data, amp, None if limit is None else limit - static - inputs)
-    return Probe(static + inputs + mem.peak, mem.largest)
+    return StepMemory(tracker.peak, saved)
 
 
 def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
@@ -196,15 +176,20 @@ def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_
     ``limit`` (step bytes) stops the step with ``device.LimitReached`` once it cannot fit (the batch is not even
     allocated when it alone passes it).
     """
-    return _step(model, imgsz, batch, objects, amp, limit).bytes
+    static = state_bytes(model)
+    inputs = batch_bytes(model, imgsz, batch, objects)
+    if limit is not None and static + inputs > limit:
+        raise LimitReached(f"the batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
+    data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
+    return static + inputs + measure_peak(model, data, amp, None if limit is None else limit - static - inputs).peak
 
 
 def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
-               amp: torch.dtype | None = None, limit: int | None = None) -> Probe | None:
+               amp: torch.dtype | None = None, limit: int | None = None) -> int | None:
     """A probe step that may not pass ``limit`` step bytes; ``None`` when it does not fit (out of memory at the limit
     or on the device), its memory released (``device.release``)."""
     try:
-        return _step(model, imgsz, batch, objects, amp, limit)
+        return step_bytes(model, imgsz, batch, objects, amp, limit)
     except RuntimeError as e:
         if not is_oom(e):
             raise

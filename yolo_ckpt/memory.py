@@ -96,7 +96,6 @@ class LiveTensorTracker(TorchDispatchMode):
         current: Bytes of tracked storages alive now.
         peak: High-water mark of ``current`` since start or the last :meth:`reset_peak`.
         num_ops: Number of ops observed (0 means nothing was measured).
-        largest: Bytes of the largest storage counted (the most one allocation adds).
 
     Example:
         >>> import torch
@@ -124,7 +123,6 @@ class LiveTensorTracker(TorchDispatchMode):
         self.current: int = 0
         self.peak: int = 0
         self.num_ops: int = 0
-        self.largest: int = 0
         # StorageImpl address -> [counted nbytes, weakref to the storage PyObject].
         self._live: dict[int, list[Any]] = {}
         self._depth: int = 0
@@ -195,7 +193,6 @@ class LiveTensorTracker(TorchDispatchMode):
         ref = weakref.ref(st, lambda r, key=key: self._on_free(key, r))
         self._live[key] = [nbytes, ref]
         self.current += nbytes
-        self.largest = max(self.largest, nbytes)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

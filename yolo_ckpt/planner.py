@@ -185,7 +185,6 @@ class Phases:
         window (int): Peak from the moment backward reaches the unit's last layer to its end (the whole backward for
             the head and for vanilla).
         flops (int): Convolution/matmul FLOPs of the step, recompute included.
-        largest (int): The largest single allocation.
     """
 
     kept: int
@@ -193,7 +192,6 @@ class Phases:
     backward: int
     window: int
     flops: int
-    largest: int
 
 
 def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | None, limit: int | None) -> Phases:
@@ -222,7 +220,7 @@ def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | 
             model.zero_grad(set_to_none=True)
         window = tracker.peak
     flops = step_flops(model, batch, amp)
-    return Phases(kept, forward, max(marks.get("bwd", 0), window), window, flops, tracker.largest)
+    return Phases(kept, forward, max(marks.get("bwd", 0), window), window, flops)
 
 
 @dataclass(frozen=True)
@@ -336,7 +334,7 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
             target = room.target
         if room.device is None or room.device >= target:
             got = probe_step(m, imgsz, batch, objects, amp, room.limit)
-            return (None if got is None else got.bytes), False
+            return got, False
         try:
             p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp)
         except ValueError:
@@ -412,7 +410,7 @@ def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects
     if one is None:
         raise NothingFits(f"checkpoint_stages=auto: not even batch 1 of {describe(c)} fits the device at imgsz "
                           f"{imgsz}", 0)
-    return static + batch * (one.bytes - static)
+    return static + batch * (one - static)
 
 
 def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,

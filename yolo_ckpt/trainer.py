@@ -471,7 +471,7 @@ class CheckpointMixin:
         and what the device has free, so planning itself stays inside the share it plans for.
         """
         budget, fraction, source = self._memory_target()
-        imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+        imgsz = self._planning_imgsz()
         amp = autocast_dtype(self)
         kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1), amp=amp)
         self.memory_target = int(fraction * budget)
@@ -532,7 +532,7 @@ class CheckpointMixin:
         from .planner import NothingFits, choose_plan, choose_plan_and_batch
 
         budget, fraction, source = self._memory_target()
-        imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+        imgsz = self._planning_imgsz()
         amp = autocast_dtype(self)
         batch = None if autobatch else max(self.batch_size // max(self.world_size, 1), 1)
         cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
@@ -577,7 +577,6 @@ class CheckpointMixin:
             torch.cuda.synchronize(self.device)
             reserved = torch.cuda.max_memory_reserved(self.device)
             del data
-        m = None
         release(self.device)
         verdict = "confirmed" if reserved <= target else "over the target: escalation follows an out-of-memory"
         return (f"{PREFIX} auto on {dev.name}: max_memory_reserved {reserved / 2**30:.3f} GB of "
@@ -587,6 +586,10 @@ class CheckpointMixin:
         """args.yaml holds the plan that trains, as last.pt does: resume restores it."""
         if RANK in {-1, 0}:
             YAML.save(self.save_dir / "args.yaml", vars(self.args))
+
+    def _planning_imgsz(self) -> int:
+        """The largest image side this run trains at (``multi_scale`` included), a multiple of the stride."""
+        return math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
 
     def _objects(self) -> int:
         """Labelled objects per image planning measures: the most in one training image x4 (mosaic), as Ultralytics'
@@ -621,7 +624,7 @@ class CheckpointMixin:
         keys = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
         old = {k: getattr(self.args, k) for k in keys}
         release(self.device)  # the failed step's tensors, held by the traceback until now
-        imgsz = math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
+        imgsz = self._planning_imgsz()
         amp = autocast_dtype(self)
         settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp, self._plan_costs)
         for k, v in settings.items():
