@@ -33,6 +33,9 @@ from support import (
     forward_counts,
 )
 
+# Two DDP launches at once (one per xdist worker) can race for a port or a rendezvous: one worker runs them all.
+pytestmark = pytest.mark.xdist_group("ddp")
+
 STAGES, LAYERS = [2, 3], {1, 2, 3, 4}  # yolo11n: stage 2 = layers 1-2, stage 3 = layers 3-4
 
 

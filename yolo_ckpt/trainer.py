@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -225,6 +226,10 @@ def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
     """In a DDP worker: leave the line where the launching process looks (every rank plans alike; rank 0 writes)."""
     if RANK == 0:
         (Path(trainer.save_dir) / WORKER_ERROR).write_text(str(error))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # a process group left alive aborts the worker at exit
+        dist.destroy_process_group()
 
 
 def reported_by_workers(trainer: Any) -> str | None:
@@ -354,6 +359,11 @@ class CheckpointMixin:
                     report_to_launcher(self, e)
                     return None
                 remove_created_dir(self)
+                raise
+            except subprocess.CalledProcessError:  # the launching process: a worker that reported a line failed
+                if error := reported_by_workers(self):  # at exit after it (any other failure stays as it is)
+                    remove_created_dir(self)
+                    raise CheckpointConfigError(error) from None
                 raise
             finally:
                 for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
