@@ -8,7 +8,15 @@ from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
 from yolo_ckpt.autobatch import plan_batch
-from yolo_ckpt.device import SimulatedDevice, device_memory, is_oom, simulated_device
+from yolo_ckpt.device import (
+    LimitReached,
+    MemoryLimit,
+    SimulatedDevice,
+    device_memory,
+    is_oom,
+    output_bytes,
+    simulated_device,
+)
 from yolo_ckpt.measure import planned_copy, step_bytes
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
@@ -38,6 +46,49 @@ def test_simulated_device_raises_cuda_out_of_memory_and_reports_like_cuda():
         assert gpu.max_memory_allocated() == 2**20 and outside.peak == 2**19 + 2**20  # outside saw the refused MiB
         del a, b
     assert device_memory("cpu") is None and simulated_device() is None
+
+
+OPS = {  # ATen ops planning steps run, as a tracker sees them allocate (views and in-place ops allocate nothing)
+    "conv": lambda x: torch.nn.functional.conv2d(x, torch.ones(8, 3, 3, 3)),
+    "factory": lambda x: torch.zeros(5, 7, 9, dtype=torch.float64),
+    "cat": lambda x: torch.cat([x, x, x], 1),
+    "matmul": lambda x: x.flatten(1) @ x.flatten(1).T,
+    "view": lambda x: x.view(-1),
+    "in-place": lambda x: x.mul_(2),
+    "expand+copy": lambda x: x[:, :1].expand(2, 16, 32, 32).contiguous(),
+    "reduction": lambda x: x.sum((2, 3)),
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_output_bytes_are_what_the_op_allocates(op):
+    """``output_bytes`` (meta tensors, before the op runs) against the exact tracker (after it ran)."""
+    x = torch.rand(2, 3, 32, 32)
+    seen = []
+
+    class Predict(LiveTensorTracker):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(output_bytes(func, args, kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    with LiveTensorTracker() as exact, Predict():
+        out = OPS[op](x)
+    assert None not in seen and sum(seen) == exact.peak, (seen, exact.peak)  # the conv weight dies after it: the peak
+    del out
+
+
+def test_a_probe_refuses_an_op_before_it_allocates():
+    """What a probe may not allocate never reaches the trackers around it (the device, planning's exact tracker),
+    except for an op whose output size depends on the data, which is checked after it ran."""
+    with LiveTensorTracker() as outside:
+        x = torch.ones(2**16)  # 256 KiB
+        with pytest.raises(LimitReached, match="Tried to allocate 2.00 MiB"), MemoryLimit(2**20, device=False):
+            torch.cat([x] * 8)
+        assert outside.peak == 2**18  # the 2 MiB were never allocated
+        with pytest.raises(LimitReached, match="Tried to allocate 512.00 KiB|Tried to allocate 0.50 MiB"), \
+                MemoryLimit(2**18, device=False):
+            x.nonzero()  # 2**16 int64 indices: meta cannot size it before it runs
+        assert outside.peak == 2**18 + 2**19
 
 
 def test_batch_planning_never_passes_the_share_and_plans_past_a_small_device():
