@@ -253,12 +253,27 @@ class OOMOnce:
         return super().preprocess_batch(batch)
 
 
+class OOMTwice:
+    """Raise a CUDA-style out-of-memory error on the first two training steps, inside Ultralytics' retry block."""
+
+    def preprocess_batch(self, batch):
+        self.oom_raised = getattr(self, "oom_raised", 0) + 1
+        if self.oom_raised <= 2:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (raised by the test, "
+                                         f"{self.oom_raised} of 2)")
+        return super().preprocess_batch(batch)
+
+
 class VanillaOOMOnce(OOMOnce, yolo.detect.DetectionTrainer):
     """Ultralytics' detection trainer hitting one OOM."""
 
 
 class CkptOOMOnce(OOMOnce, DetectionTrainer):
     """Our detection trainer hitting one OOM."""
+
+
+class CkptOOMTwice(OOMTwice, DetectionTrainer):
+    """Our detection trainer hitting two OOMs in a row."""
 
 
 class _CPUDDP(DistributedDataParallel):
