@@ -184,16 +184,16 @@ def test_auto_at_a_fixed_batch_plans_and_trains_within_the_device_share(detect_d
     assert chosen["checkpoint_stages"] not in ("auto", []) and not r.escalated
 
 
-@pytest.mark.parametrize("stages", [[2, 3], "auto"])
-def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages):
-    """``batch=0.5`` on a simulated device: the batch is planned for half of it, planning included; the epoch at that
-    batch stays within the half; the exact tracker on an unlimited CPU confirms a fixed plan's batch is the largest
-    whose step fits."""
+@pytest.mark.parametrize("stages, fraction", [([2, 3], 0.5), ("auto", -1)])
+def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages, fraction):
+    """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
+    included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
+    plan's batch is the largest whose step fits."""
     from yolo_ckpt.measure import planned_copy, step_bytes
 
-    device = device_bytes(detect_data, 2.0) * 5 // 6  # 0.5x of it is about vanilla at batch 4
-    r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=0.5, simulate_gpu=f"{device}B")
-    share, b = device // 2, r.batch
+    device = device_bytes(detect_data, 2.0) * 5 // 6
+    r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
+    share, b = int((0.6 if fraction == -1 else fraction) * device), r.batch
     assert r.trainer.memory_target == share and 4 < b == r.trainer.batch_size < 16, b  # beyond vanilla's 4
     assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
     if stages != "auto":
