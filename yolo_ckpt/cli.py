@@ -310,12 +310,14 @@ def profile(args: list[str]) -> list[Path]:
     cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
     model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
     check_settings(model_name, vars(cfg))  # as train does: one line before anything is measured
+    model, amp = _profile_model(model_name, cfg)
     with contextlib.ExitStack() as stack:
-        if cfg.simulate_gpu is not None:
+        if cfg.simulate_gpu is not None:  # as in train: the model, built before, lives on the device too
             gpu = stack.enter_context(SimulatedDevice(parse_memory(cfg.simulate_gpu)))
+            gpu.track([*model.parameters(), *model.buffers()])
             LOGGER.info(f"{colorstr('profile:')} simulate_gpu={cfg.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device "
                         f"on CPU, exact tensor bytes")
-        stages, plans, extra, batch = _profile_tables(model_name, cfg)
+        stages, plans, extra, batch = _profile_tables(model, cfg, amp)
         if cfg.simulate_gpu is not None:
             extra["notes"].append(f"the simulated device peaked at {gpu.max_memory_allocated() / 2**20:.1f} MiB of "
                                   f"{gpu.limit / 2**20:.1f} MiB")
@@ -332,23 +334,27 @@ def profile(args: list[str]) -> list[Path]:
     return paths
 
 
-def _profile_tables(model_name: str, cfg: SimpleNamespace) -> tuple[list[dict], list[dict], dict, int]:
-    """Build the model on the run's device and measure ``profile``'s tables: ``(stages, plans, tradeoffs, batch)``."""
+def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
+    """The model to profile on the run's device, in the run's memory format, and the run's autocast dtype."""
     import torch
     from ultralytics.utils.torch_utils import select_device
 
     from .measure import build_model
+
+    device = select_device(cfg.device, verbose=False)
+    amp, channels_last = training_formats(cfg, device)
+    model = build_model(model_name).to(device)
+    cfg.task = cfg.task or model.task
+    return (model.to(memory_format=torch.channels_last) if channels_last else model), amp
+
+
+def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any) -> tuple[list[dict], list[dict], dict, int]:
+    """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)``."""
     from .profiler import compare_plans, profile_stages, standard_plans
     from .stages import word
     from .tradeoff import tradeoffs
     from .trainer import is_auto
 
-    device = select_device(cfg.device, verbose=False)
-    amp, channels_last = training_formats(cfg, device)
-    model = build_model(model_name).to(device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    cfg.task = cfg.task or model.task
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     plans = standard_plans(model)
     if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too

@@ -101,6 +101,20 @@ def fitting_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | No
     return Fit(got, got - state_bytes(model) - inputs, counter.flops, cuda_peak)
 
 
+def plan_step(model: nn.Module, spec: tuple, imgsz: int, batch: int, amp: torch.dtype | None = None) -> Fit | None:
+    """``fitting_step`` of a copy of ``model`` with the plan ``spec`` (``(checkpoint_stages, checkpoint_mode[,
+    checkpoint_layers])``) installed. The copy is gone when it returns: a ``with planned_copy(...) as m`` in a loop
+    keeps the last copy bound to ``m`` until the next one exists, two copies on the device where one was counted."""
+    with planned_copy(model, *spec) as m:
+        return fitting_step(m, imgsz, batch, amp)
+
+
+def _time_alone(model: nn.Module, spec: tuple, data: dict, amp: torch.dtype | None) -> float:
+    """One timed step of a copy of ``model`` with ``spec`` installed, the copy gone when it returns (``plan_step``)."""
+    with planned_copy(model, *spec) as m:
+        return time_steps([m], data, 1, amp)[0]
+
+
 def within_device(model: nn.Module, measure: Callable[[], T]) -> T | None:
     """``measure()`` — a measurement that is not a training step (``fitting_step`` bounds those) — within what the
     device of ``model`` has free now; ``None`` when it does not fit, its memory released as after a probe."""
@@ -138,8 +152,7 @@ def time_plans(model: nn.Module, specs: list[tuple], imgsz: int, batch: int, rep
     times: list[list[float]] = [[] for _ in specs]
     for _ in range(repeats):
         for spec, ts in zip(specs, times):
-            with planned_copy(model, *spec) as m:
-                ts += time_steps([m], data, 1, amp)
+            ts.append(_time_alone(model, spec, data, amp))
     return [statistics.median(ts) if ts else 0.0 for ts in times]
 
 

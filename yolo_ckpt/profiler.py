@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import csv
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .fitting import fitting_step, mib, ratio, time_plans
+from .fitting import fitting_step, mib, plan_step, ratio, time_plans
 from .measure import measure_peak, planned_copy, step_loss, training_batch
 from .plots import axes, legend_points
 from .stages import CheckpointPlan, model_stages
@@ -51,10 +52,7 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
 
     plans = {name: spec if isinstance(spec, tuple) else (spec, "full") for name, spec in plans.items()}
     items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
-    fits = {}
-    for name, spec in items:
-        with planned_copy(model, *spec) as m:
-            fits[name] = fitting_step(m, imgsz, batch, amp)
+    fits = {name: plan_step(model, spec, imgsz, batch, amp) for name, spec in items}
     measured = [name for name, fit in fits.items() if fit is not None]
     seconds = dict(zip(measured, time_plans(model, [plans[n] for n in measured], imgsz, batch, repeats, amp)))
     first = next(iter(fits))
@@ -104,22 +102,24 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
     return {k: sum(v.values()) for k, v in saved.items()}
 
 
-def _stage_step(m: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None,
+def _stage_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None, stage: int | None = None,
                 end: int | None = None) -> tuple[int, int, list | None] | None:
-    """``(FLOPs, bytes kept after forward, output shape of layer end)`` of a step of ``m``, or ``None`` when it does not
-    fit the device: a bounded step (``fitting_step``) first, then the step again on a batch of the same size — in the
-    memory the first had, so it fits — for what it keeps after forward."""
-    fit = fitting_step(m, imgsz, batch, amp)
-    if fit is None:
-        return None
-    shapes: list[list[int]] = []
-    hook = None if end is None else m.model[end].register_forward_hook(lambda _, i, o: shapes.append(list(o.shape)))
-    try:
-        kept = measure_peak(m, training_batch(m, imgsz, batch), amp).saved
-    finally:
-        if hook is not None:
-            hook.remove()
-    return fit.flops, kept, shapes[0] if shapes else None
+    """``(FLOPs, bytes kept after forward, output shape of layer end)`` of a step of ``model`` (of a copy with only
+    ``stage`` checkpointed, gone when it returns: see ``fitting.plan_step``), or ``None`` when it does not fit the
+    device: a bounded step (``fitting_step``) first, then the step again on a batch of the same size — in the memory
+    the first had, so it fits — for what it keeps after forward."""
+    with planned_copy(model, [stage]) if stage is not None else nullcontext(model) as m:
+        fit = fitting_step(m, imgsz, batch, amp)
+        if fit is None:
+            return None
+        shapes: list[list[int]] = []
+        hook = None if end is None else m.model[end].register_forward_hook(lambda _, i, o: shapes.append(list(o.shape)))
+        try:
+            kept = measure_peak(m, training_batch(m, imgsz, batch), amp).saved
+        finally:
+            if hook is not None:
+                hook.remove()
+        return fit.flops, kept, shapes[0] if shapes else None
 
 
 def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False,
@@ -142,8 +142,7 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
     model.zero_grad(set_to_none=True)
     rows = []
     for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
-        with planned_copy(model, [k]) as m:
-            step = _stage_step(m, imgsz, batch, amp, stages[k][-1])
+        step = _stage_step(model, imgsz, batch, amp, k, stages[k][-1])
         both = base is not None and step is not None
         rows.append({
             "stage": k,

@@ -26,7 +26,7 @@ from torch import nn
 
 from .autobatch import parse_memory
 from .device import device_memory
-from .fitting import Fit, fitting_step, mib, ratio, time_plans, within_device
+from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
 from .measure import batch_bytes, grad_bytes, planned_copy, state_bytes, training_batch, weight_bytes
 from .memory import LiveTensorTracker
 from .planner import Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
@@ -86,8 +86,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
     rows: list[dict] = []
     for c in [vanilla(costs, batch, fixed), *candidates(costs, batch, fixed)]:
-        with c.copy(model) as m:
-            fit = fitting_step(m, imgsz, batch, amp)
+        fit = plan_step(model, (c.settings["checkpoint_stages"], c.mode, c.layers), imgsz, batch, amp)
         if share:
             measured[c.units, c.mode, batch] = fit.step_bytes
         rows.append(_row(c, fit))
@@ -110,7 +109,8 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     Measured at the two largest of ``imgsz``, ``imgsz // 2``, ``imgsz // 4``, ... (multiples of ``stride``) whose
     steps fit the device, each within what it has free (``fitting.fitting_step``): the bytes beyond the model state
     grow as ``a + b * pixels`` (activations, the batch and the loss's anchors all scale with pixels), solved for the
-    target. A prediction, not a measurement at that size: on a GPU, confirm with a run.
+    target. A prediction, not a measurement at that size: on a GPU, confirm with a run. A size whose step did not fit
+    a device that holds the target bounds the prediction from above.
 
     Returns:
         (int | None): The size (0: not even the smallest fits ``target``), or ``None`` when fewer than two sizes fit
@@ -120,10 +120,12 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     while stride <= (half := sizes[-1] // 2 // stride * stride) < sizes[-1]:
         sizes.append(half)
     with planned_copy(model, *_spec(row)) as m:
-        static, points = state_bytes(m), []
+        static, room, points, over = state_bytes(m), device_room(m), [], None
         for s in sizes:
             if (fit := fitting_step(m, s, batch, amp)) is not None:
                 points.append((s, fit.step_bytes - static))
+            else:
+                over = s
             if len(points) == 2:
                 break
     if len(points) < 2:
@@ -133,7 +135,10 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     a = y2 - b * x2**2
     if target <= static + a or b <= 0:
         return 0
-    return int(math.sqrt((target - static - a) / b)) // stride * stride
+    size = int(math.sqrt((target - static - a) / b)) // stride * stride
+    if over is not None and room is not None and target <= room:  # what the device did not hold, the target cannot
+        size = min(size, (over - 1) // stride * stride)
+    return size
 
 
 def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int | None = None,
