@@ -24,16 +24,20 @@ from yolo_ckpt.recompute import CHEAP_CONV_MACS
 from yolo_ckpt.stages import CheckpointPlan
 from yolo_ckpt.tradeoff import largest_imgsz, measure_candidates, pareto, tradeoffs, untouchable
 
-from support import SMALL
+from support import MINI, SMALL
 
 IMGSZ, BATCH = 128, 2
 
 
-@pytest.fixture(scope="module")
-def small():
-    model = DetectionModel(deepcopy(SMALL), verbose=False).train()
+def detector(cfg: dict) -> DetectionModel:
+    model = DetectionModel(deepcopy(cfg), verbose=False).train()
     model.args = get_cfg()
     return model
+
+
+@pytest.fixture(scope="module")
+def small():
+    return detector(SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -155,9 +159,9 @@ def test_untouchable_memory(small):
 
 # ------------------------------------------------------------------------------------- on a small device
 def device_between(small, rows) -> tuple[int, list[int]]:
-    """A device limit below what vanilla's step needs on it and above what half the way from the plan that keeps the
-    least to vanilla needs (planning's own batch-1 steps must fit), in the middle of the widest gap between the plans'
-    needs there, so that no plan sits at the limit; and each row's need.
+    """A device limit below what vanilla's step and another plan's need on it and above what half the way from the
+    plan that keeps the least to vanilla needs (planning's own batch-1 steps must fit), in the middle of the widest gap
+    between the plans' needs there, so that no plan sits at the limit; and each row's need.
 
     On the device a step needs the model's and one planning copy's weights beside the batch and the step's peak: its
     step bytes measured without a device (``rows``) less the model state, which step bytes count but a probe does not
@@ -165,7 +169,7 @@ def device_between(small, rows) -> tuple[int, list[int]]:
     weights = sum(t.numel() * t.element_size() for t in small.state_dict().values())
     need = [r["step_bytes"] - state_by_hand(small) + 2 * weights for r in rows]
     least, most = min(need), need[0]
-    inside = sorted({n for n in need if (least + most) / 2 <= n < most} | {most})
+    inside = sorted({n for n in need if (least + most) / 2 <= n < most})
     lo, hi = max(zip(inside, inside[1:]), key=lambda p: p[1] - p[0])
     return (lo + hi) // 2, need
 
@@ -182,9 +186,11 @@ def on_device(limit: int, model, fn):
     return result, gpu.max_memory_allocated(), outside.peak
 
 
-def test_tradeoffs_on_a_device_smaller_than_vanilla(small, rows):
+def test_tradeoffs_on_a_device_smaller_than_vanilla():
     """vanilla and every plan over the device are reported as not fitting; the others equal the rows measured without
     a device; auto's choice is choose_plan's on that device; no step ever tries to pass the device."""
+    small = detector(MINI)
+    rows = measure_candidates(small, IMGSZ, BATCH)
     limit, need = device_between(small, rows)
     budget = int(limit / 0.6)  # auto's share of it: as large as the device
     extra, peak, tried = on_device(limit, small, lambda: tradeoffs(small, IMGSZ, BATCH, f"{budget}B"))

@@ -324,9 +324,10 @@ def profile(args: list[str]) -> list[Path]:
     LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
     front = [r for r in extra["candidates"] if r["pareto"]]
     for rows in (r for r in (stages, plans, front, extra["untouchable"]) if r):
-        LOGGER.info("  ".join(f"{k:>14}" for k in rows[0]))
+        keys = list({k: None for r in rows for k in r})  # every row's keys: auto's choice has one more
+        LOGGER.info("  ".join(f"{k:>14}" for k in keys))
         for r in rows:  # a figure not measured (the step did not fit the device) shows as "-"
-            LOGGER.info("  ".join(f"{'-' if v is None else str(v):>14}" for v in r.values()))
+            LOGGER.info("  ".join(f"{'-' if r.get(k) is None else str(r[k]):>14}" for k in keys))
     for line in extra["notes"]:
         LOGGER.info(f"{colorstr('profile:')} {line}")
     paths = write_profile(get_save_dir(cfg), stages, plans, extra)

@@ -29,7 +29,7 @@ from .device import device_memory
 from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
 from .measure import batch_bytes, grad_bytes, planned_copy, state_bytes, training_batch, weight_bytes
 from .memory import LiveTensorTracker
-from .planner import Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
+from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
 from .plots import axes, legend_points
 
 
@@ -190,13 +190,13 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
             "chosen": chosen}
 
 
-def _loss_peak(plain: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None) -> int:
+def _loss_peak(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None) -> int:
     """Exact peak of ``model.loss`` on given predictions, at ``objects`` per image."""
-    data = training_batch(plain, imgsz, batch, objects)
+    data = training_batch(model, imgsz, batch, objects)
     with torch.autocast(data["img"].device.type, dtype=amp, enabled=amp is not None):
-        preds = plain(data["img"])
+        preds = model(data["img"])
         with LiveTensorTracker() as tracker:
-            plain.loss(data, preds)[0].sum()
+            model.loss(data, preds)[0].sum()
     return tracker.peak
 
 
@@ -205,13 +205,14 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
     """Memory no checkpoint plan changes: model state (weights, gradients, EMA, two AdamW moments) and the loss with
     its assigner, measured (exact peak of ``model.loss`` on given predictions) at several objects per image, each
     forward and loss within what the device has free (``fitting.within_device``: ``MiB`` is ``None`` where they do
-    not fit)."""
+    not fit). The predictions come from the whole network checkpointed, which keeps the least until the loss: the
+    loss runs the same ops on the same predictions as after a plain forward, so its figure is the same."""
     weights, grads = weight_bytes(model), grad_bytes(model)
     rows = [{"what": "weights", "MiB": weights}, {"what": "gradients", "MiB": grads},
             {"what": "EMA copy", "MiB": weights}, {"what": "optimizer (AdamW, 2 moments)", "MiB": 2 * grads}]
-    with planned_copy(model) as plain:
+    with planned_copy(model, "all", "full", HEAD) as least:
         for n in objects:
-            peak = within_device(plain, lambda n=n: _loss_peak(plain, imgsz, batch, n, amp))
+            peak = within_device(least, lambda n=n: _loss_peak(least, imgsz, batch, n, amp))
             rows.append({"what": f"loss + assigner, {n} objects per image", "MiB": peak})
     for r in rows:
         r["MiB"] = mib(r["MiB"])
