@@ -137,23 +137,26 @@ def time_plans(model: nn.Module, specs: list[tuple], imgsz: int, batch: int, rep
     """Median step time of each plan (``(checkpoint_stages, checkpoint_mode[, checkpoint_layers])``) at ``imgsz``
     and ``batch``, timed in interleaved rounds so that machine drift hits all plans alike (``measure.time_steps``).
 
-    Without a device limit every plan's copy lives for all rounds. On a device each timed step gets a copy of its own,
-    made for it and freed after it, so that it runs in the memory its measured step had (the model, one copy, the
-    batch): a plan that fit when measured fits when timed.
+    A first, untimed round warms every plan up. Without a device limit every plan's copy lives for all rounds. On a
+    device each step gets a copy of its own, made for it and freed after it, so that it runs in the memory its
+    measured step had (the model, one copy, the batch): a plan that fit when measured fits when timed.
     """
+    if not repeats:
+        return [0.0] * len(specs)
     data = training_batch(model, imgsz, batch)
     if device_memory(data["img"].device) is None:
         models = [with_plan(model, *spec) for spec in specs]
         try:
+            time_steps(models, data, 1, amp)
             return time_steps(models, data, repeats, amp)
         finally:
             for m in models:
                 disable_checkpointing(m)
     times: list[list[float]] = [[] for _ in specs]
-    for _ in range(repeats):
+    for _ in range(1 + repeats):
         for spec, ts in zip(specs, times):
             ts.append(_time_alone(model, spec, data, amp))
-    return [statistics.median(ts) if ts else 0.0 for ts in times]
+    return [statistics.median(ts[1:]) for ts in times]
 
 
 def ratio(value: float | None, base: float | None, digits: int = 3) -> float | None:

@@ -117,7 +117,7 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
         the device, so there is nothing to predict from.
     """
     sizes = [imgsz]
-    while stride <= (half := sizes[-1] // 2 // stride * stride) < sizes[-1]:
+    while (half := max(sizes[-1] // 2 // stride * stride, stride)) < sizes[-1]:
         sizes.append(half)
     with planned_copy(model, *_spec(row)) as m:
         static, room, points, over = state_bytes(m), device_room(m), [], None
