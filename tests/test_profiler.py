@@ -121,20 +121,23 @@ def need_on_device(model, imgsz: int, batch: int, peak: int) -> int:
 
 
 def test_flop_count_is_torchs_and_keeps_nothing(mini):
-    """``FlopCount`` against ``FlopCounterMode`` (the FLOPs) and the exact tracker without it (the memory)."""
+    """``FlopCount`` against ``FlopCounterMode`` (the FLOPs) and the exact tracker without it (the memory), and why
+    it exists: under ``FlopCounterMode`` the whole network's checkpointed step peaks above the step itself."""
     from yolo_ckpt.fitting import FlopCount
     from yolo_ckpt.measure import measure_peak, planned_copy, step_loss
+    from yolo_ckpt.memory import LiveTensorTracker
 
     for spec in ([], ("all", "full", "head")):
         with planned_copy(mini, *(spec if isinstance(spec, tuple) else (spec,))) as m:
             data = training_batch(m, 128, 2)
-            with FlopCounterMode(display=False) as torch_count:
+            with LiveTensorTracker() as seen, FlopCounterMode(display=False) as torch_count:
                 step_loss(m, data).backward()
             m.zero_grad(set_to_none=True)
             plain = measure_peak(m, data)
             with FlopCount() as ours:
                 counted = measure_peak(m, data)
         assert ours.flops == torch_count.get_total_flops() > 0 and counted == plain, spec
+    assert seen.peak > plain.peak  # the last spec: FlopCounterMode kept what checkpointing frees
 
 
 def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):

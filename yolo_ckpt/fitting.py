@@ -7,9 +7,9 @@ says it does not fit, instead of ending the profile in an out-of-memory tracebac
 same code measures the same figures, unbounded.
 
 FLOPs are counted in that same bounded step by ``FlopCount``. ``torch.utils.flop_counter.FlopCounterMode`` cannot be
-used there: its module tracker keeps tensors alive that checkpointing frees (a whole-network plan's FLOP step peaked
-at 1.25x *vanilla's* step on the test model, 2.1x its own), so it would run out of memory exactly where only the
-checkpointed step fits.
+used there: its module tracker keeps tensors alive that checkpointing frees (under it a whole-network plan's step
+peaks above the same step without it: ``tests/test_profiler.py``), so it would run out of memory exactly where only
+the checkpointed step fits.
 
 Example:
     >>> from yolo_ckpt.measure import build_model, planned_copy
