@@ -58,6 +58,16 @@ SMALL = {  # TINY with a neck: 5 checkpoint units (4 stages, the head), 62 candi
     ],
 }
 
+MINI = {  # two stages and a head: 3 checkpoint units, 14 candidate plans; for tests that measure every plan twice
+    "nc": 4,
+    "backbone": [
+        [-1, 1, "Conv", [16, 3, 2]],  # 0-P1/2
+        [-1, 1, "Conv", [32, 3, 2]],  # 1-P2/4
+        [-1, 1, "C3k2", [32, False, 0.25]],  # 2
+    ],
+    "head": [[-1, 1, "Conv", [64, 3, 2]], [[2, 3], 1, "Detect", ["nc"]]],  # 3-4
+}
+
 # Small, bitwise-reproducible CPU training (BRIEF §3) at a size where every loss term is non-zero: the same arguments
 # for vanilla and checkpointed runs.
 # nbs=batch: an optimizer step every batch, so even a one-epoch run moves the weights (with Ultralytics' nbs=64 a short
