@@ -123,8 +123,7 @@ def need_on_device(model, imgsz: int, batch: int, peak: int) -> int:
 def test_flop_count_is_torchs_and_keeps_nothing(mini):
     """``FlopCount`` against ``FlopCounterMode`` (the FLOPs) and the exact tracker without it (the memory), and why
     it exists: under ``FlopCounterMode`` the whole network's checkpointed step peaks above the step itself."""
-    from yolo_ckpt.fitting import FlopCount
-    from yolo_ckpt.measure import measure_peak, planned_copy, step_loss
+    from yolo_ckpt.measure import FlopCount, measure_peak, planned_copy, step_loss
     from yolo_ckpt.memory import LiveTensorTracker
 
     for spec in ([], ("all", "full", "head")):

@@ -6,10 +6,10 @@ now, the rule planning follows): a step that does not fit stops at that limit, i
 says it does not fit, instead of ending the profile in an out-of-memory traceback. Without a device limit (CPU) the
 same code measures the same figures, unbounded.
 
-FLOPs are counted in that same bounded step by ``FlopCount``. ``torch.utils.flop_counter.FlopCounterMode`` cannot be
-used there: its module tracker keeps tensors alive that checkpointing frees (under it a whole-network plan's step
-peaks above the same step without it: ``tests/test_profiler.py``), so it would run out of memory exactly where only
-the checkpointed step fits.
+FLOPs are counted in that same bounded step by ``measure.FlopCount``, as everywhere in the project.
+``torch.utils.flop_counter.FlopCounterMode`` cannot be used there: its module tracker keeps tensors alive that
+checkpointing frees (under it a whole-network plan's step peaks above the same step without it:
+``tests/test_profiler.py``), so it would run out of memory exactly where only the checkpointed step fits.
 
 Example:
     >>> from yolo_ckpt.measure import build_model, planned_copy
@@ -24,40 +24,26 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from .autobatch import probe_room
 from .device import MemoryLimit, device_memory, is_oom, release
-from .measure import batch_bytes, planned_copy, probe_step, state_bytes, time_steps, training_batch, with_plan
+from .measure import (
+    FlopCount,
+    batch_bytes,
+    planned_copy,
+    probe_step,
+    state_bytes,
+    time_steps,
+    training_batch,
+    with_plan,
+)
 from .model import disable_checkpointing
 
 T = TypeVar("T")
-
-
-class FlopCount(TorchDispatchMode):
-    """Convolution/matmul FLOPs of every op that runs while active, by torch's own formulas (``flop_registry``, the
-    ones ``FlopCounterMode`` sums), keeping no tensor alive: each op runs unchanged, so memory is the plain step's.
-
-    Attributes:
-        flops (int): FLOPs counted so far.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.flops = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        count = flop_registry.get(getattr(func, "_overloadpacket", None))
-        if count is not None:
-            self.flops += count(*args, **kwargs, out_val=out)
-        return out
 
 
 @dataclass(frozen=True)
