@@ -27,7 +27,9 @@ import torch
 import yaml
 from ultralytics.nn.tasks import DetectionModel
 
-from yolo_ckpt import CheckpointPlan
+from yolo_ckpt import CheckpointConfigError, CheckpointPlan
+from yolo_ckpt.distributed import Launch, check_batch, launch_device
+from yolo_ckpt.epoch_memory import most_of
 
 from support import TRAIN_ARGS, assert_recomputed, assert_same, assert_same_run, auto_budget, forward_counts, results
 
@@ -217,7 +219,7 @@ def test_a_failing_launch_stops_every_rank_with_one_line(detect_data, tmp_path, 
     """``python -m yolo_ckpt train`` under torchrun: nothing fits (decided by rank 0 after the run directory exists,
     broadcast) or bad input (every rank, before any work): every rank stops, rank 0 shows the line once, no worker
     prints a traceback, nothing is left in the project, and no launch hangs."""
-    argv = ["-m", "yolo_ckpt", "train", "model=yolo11n.yaml", f"data={detect_data}", "imgsz=128", "epochs=1",
+    argv = ["-m", "yolo_ckpt", "train", "model=yolo11n.yaml", f"data={detect_data}", "imgsz=64", "epochs=1",
             "batch=4", "device=cpu", "workers=0", f"project={tmp_path / 'p'}", "name=r", *args]
     done = torchrun(*LAYOUTS[layout], argv, timeout=120)
     log = "\n".join(out for _, out in done)
@@ -229,3 +231,29 @@ def test_a_failing_launch_stops_every_rank_with_one_line(detect_data, tmp_path, 
     assert "CheckpointConfigError" not in log and not re.search(r'File ".*[/\\]yolo_ckpt[/\\]', log)  # no traceback
     assert not (tmp_path / "p").exists() or run_dirs(tmp_path / "p") == []
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_launch_from_the_environment_and_what_it_rejects():
+    """What torchrun's variables mean, and the one-line errors for a device or batch a launch cannot use."""
+    env = {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    launch = Launch.from_env(env)
+    assert launch == Launch(rank=5, local_rank=1, world_size=8, local_world_size=4) and launch.nodes == 2
+    assert Launch.from_env({}) is None and Launch.from_env({**env, "WORLD_SIZE": "1"}) is None  # a single process
+    assert launch_device("", launch) == torch.device("cuda", 1)  # cuda:LOCAL_RANK
+    assert launch_device("4,5,6,7", launch) == torch.device("cuda", 5)  # the LOCAL_RANK-th of the list
+    assert launch_device("cpu", launch) == torch.device("cpu")
+    with pytest.raises(CheckpointConfigError, match=r"^device=0 under torchrun with 4 processes per node: .* Valid: "
+                                                    r"4 indices \(device=0,1,2,3\)"):
+        launch_device("0", launch)
+    with pytest.raises(CheckpointConfigError, match=r"^batch=4 gives no image to some of the 8 ranks"):
+        check_batch(4, launch)
+    check_batch(8, launch)
+
+
+def test_memory_of_ranks_is_the_most_of_each_column():
+    nan = math.nan
+    ranks = [{"a": 1.0, "b": nan}, {"a": 3.0, "b": 2.0}, {"a": nan, "b": 5.0}]
+    peaks, top = most_of(ranks, ("a", "b"))
+    assert peaks == {"a": 3.0, "b": 5.0} and top == 1  # the rank named is the first column's
+    peaks, _ = most_of([{"a": nan}, {"a": nan}], ("a",))
+    assert math.isnan(peaks["a"])  # measured by no rank: not a made-up figure
