@@ -190,6 +190,7 @@ def test_resume_under_the_same_launch_continues_plan_and_world_size(resumed):
     assert "Resuming training" in logs["ckpt"] and "resumed under world size" not in logs["ckpt"]
     assert "rank 0 of world size 2 (2 nodes x 1 process) on cpu, batch 4 split 2 per rank" in logs["ckpt"]
     assert [r["epoch"] for r in results(ckpt)] == ["2"]  # the second epoch only
+    assert yaml.safe_load((ckpt / "args.yaml").read_text())["checkpoint_stages"] == STAGES  # restored from the file
     for rank in (0, 1):  # the saved plan, in the second epoch's share of each rank at 2 a batch
         counts = forward_counts(vanilla, rank)
         assert min(counts) == max(counts) == math.ceil(math.ceil(TRAIN_IMAGES / 2) / 2)

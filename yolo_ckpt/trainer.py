@@ -347,7 +347,8 @@ class CheckpointMixin(DistributedMixin):
 
         A one-line error of ours that comes once Ultralytics has created the run directory (a plan or batch that
         cannot fit) removes the directory this run created first, so nothing is left behind and the next run keeps
-        its name; a DDP worker hands the line to the launching process instead of a traceback.
+        its name; a worker of Ultralytics' launcher hands the line to the launching process instead of a traceback,
+        and under torchrun every rank raises it (rank 0 decided it) after leaving the process group.
         """
         with ExitStack() as stack:
             if self.args.simulate_gpu is not None:
