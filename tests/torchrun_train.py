@@ -1,7 +1,7 @@
 """A training script the torchrun tests launch: ``torchrun ... tests/torchrun_train.py '<json>'``.
 
 The JSON holds ``trainer`` (``ckpt``: yolo-ckpt's detection trainer; ``vanilla``: Ultralytics' own with only the
-torchrun hooks), ``model``, ``extra`` (``"alloc_rank": r`` holds 1 GiB more on rank ``r`` during every training
+torchrun hooks), ``model``, ``extra`` (``"alloc_rank": r`` holds 512 MiB more on rank ``r`` during every training
 batch) and the training arguments. Every rank counts its layers' forwards and writes its final training model
 (``support.COUNTING``), and its own epoch peaks.
 """
@@ -16,12 +16,12 @@ from ultralytics.utils import RANK
 
 from support import TORCHRUN_TRAINERS, add_counting
 
-EXTRA = 2**30  # bytes rank `alloc_rank` holds during a batch: more than a whole step of these runs
+EXTRA = 2**29  # bytes rank `alloc_rank` holds during a batch: more than a whole step of these runs
 
 
 def hold_extra(trainer) -> None:
-    """``on_train_batch_start``: a 1 GiB tensor (never written, so no page is touched) alive while the epoch's meter
-    runs, on this rank only: its peak, and no other, is at least 1 GiB."""
+    """``on_train_batch_start``: a 512 MiB tensor (never written, so no page is touched) alive while the epoch's meter
+    runs, on this rank only: its peak, and no other, is at least 0.5 GB."""
     trainer.extra = torch.empty(EXTRA, dtype=torch.uint8)
 
 
