@@ -235,6 +235,37 @@ def test_a_failing_launch_stops_every_rank_with_one_line(detect_data, tmp_path, 
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+def test_a_rank_failing_alone_ends_the_other_node(detect_data, tmp_path):
+    """Rank 1 alone raises as training starts (as a node missing its data would): rank 0, on the other node, is not
+    left waiting in its first gradient all-reduce; gloo reports the closed connection and both agents end."""
+    spec = {"trainer": "ckpt", "model": "yolo11n.yaml", **ARGS, "epochs": 1, "imgsz": 64, "data": detect_data,
+            "project": str(tmp_path), "name": "f", "checkpoint_stages": STAGES, "extra": {"fail_rank": 1}}
+    (rc0, out0), (rc1, out1) = torchrun(*LAYOUTS["2 nodes x 1"], [str(SCRIPT), json.dumps(spec)], timeout=120)
+    assert rc1 != 0 and "RuntimeError: rank 1 fails alone (raised by the test)" in out1, out1[-3000:]
+    assert rc0 != 0 and "rank 1 fails alone" not in out0, out0[-3000:]  # node 0 ended because its peer did
+    assert not survivors(str(tmp_path), within=30), "a worker outlived its agent"  # whichever agent held the store
+
+
+def survivors(marker: str, within: float) -> list[int]:
+    """Processes whose command line holds ``marker`` still alive after ``within`` seconds (killed, then listed)."""
+    deadline = time.monotonic() + within
+    while True:
+        pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and marker in cmdline(p)]
+        if not pids or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # ended meanwhile
+        return ""
+
+
 def test_launch_from_the_environment_and_what_it_rejects():
     """What torchrun's variables mean, and the one-line errors for a device or batch a launch cannot use."""
     env = {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}

@@ -2,8 +2,8 @@
 
 The JSON holds ``trainer`` (``ckpt``: yolo-ckpt's detection trainer; ``vanilla``: Ultralytics' own with only the
 torchrun hooks), ``model``, ``extra`` (``"alloc_rank": r`` holds 512 MiB more on rank ``r`` during every training
-batch) and the training arguments. Every rank counts its layers' forwards and writes its final training model
-(``support.COUNTING``), and its own epoch peaks.
+batch; ``"fail_rank": r`` makes rank ``r`` alone raise as training starts) and the training arguments. Every rank
+counts its layers' forwards and writes its final training model (``support.COUNTING``), and its own epoch peaks.
 """
 
 import json
@@ -39,6 +39,11 @@ def own_peaks(trainer) -> None:
     file.write_text(json.dumps(epochs))
 
 
+def fail_here(trainer) -> None:
+    """``on_train_start``: this rank alone fails, as a node missing its data would, while the others train on."""
+    raise RuntimeError(f"rank {RANK} fails alone (raised by the test)")
+
+
 def main(spec: dict) -> None:
     model = ultralytics.YOLO(spec.pop("model"))
     add_counting(model)
@@ -46,6 +51,8 @@ def main(spec: dict) -> None:
     if extra.get("alloc_rank") == RANK:
         model.add_callback("on_train_batch_start", hold_extra)
         model.add_callback("on_train_batch_end", drop_extra)
+    if extra.get("fail_rank") == RANK:
+        model.add_callback("on_train_start", fail_here)
     model.add_callback("on_fit_epoch_end", own_peaks)
     model.train(trainer=TORCHRUN_TRAINERS[spec.pop("trainer")], **spec)
 
