@@ -3,7 +3,9 @@
 Ultralytics writes a script plus a cloudpickled state (trainer class, ``vars(args)``, model, callbacks) and starts it
 with ``torch.distributed.run``; each worker rebuilds the trainer from that state. Both tests train our trainer and
 Ultralytics' own through that path with the same arguments and compare every saved field, and each worker's counted
-layer forwards prove that the recompute ran there.
+layer forwards prove that the recompute ran there. Ultralytics has no CPU DDP: ``support.GlooDDP`` only tells the
+launching process of two CPU workers; the workers train on yolo-ckpt's supported CPU path
+(``yolo_ckpt.distributed``, also what ``torchrun`` launches use: ``test_torchrun.py``).
 """
 
 import json

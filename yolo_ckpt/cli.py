@@ -273,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             train(args)
     except CheckpointConfigError as e:
-        print(f"yolo-ckpt: error: {e}", file=sys.stderr)
+        from ultralytics.utils import RANK
+
+        if RANK in {-1, 0}:  # under torchrun every rank stops with the same line; rank 0 shows it
+            print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2
     return 0
 
