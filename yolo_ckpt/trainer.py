@@ -206,7 +206,7 @@ def skip_frozen_stages(trainer: Any) -> None:
         enable_checkpointing(model, kept, checkpoint_mode(model))
 
 
-WORKER_ERROR = "yolo_ckpt_error.txt"  # a DDP worker's one-line error, for the launching process to raise
+WORKER_ERROR = "yolo_ckpt_error_rank{}.txt"  # each DDP worker's one-line error, for the launching process
 
 
 def new_run_dir(args: Any) -> Path | None:
@@ -224,9 +224,8 @@ def remove_created_dir(trainer: Any) -> None:
 
 
 def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
-    """In a DDP worker: leave the line where the launching process looks (every rank plans alike; rank 0 writes)."""
-    if RANK == 0:
-        (Path(trainer.save_dir) / WORKER_ERROR).write_text(str(error))
+    """In a DDP worker: leave this rank's line where the launching process looks."""
+    (Path(trainer.save_dir) / WORKER_ERROR.format(RANK)).write_text(str(error))
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # a process group left alive aborts the worker at exit
@@ -234,13 +233,21 @@ def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
 
 
 def reported_by_workers(trainer: Any) -> str | None:
-    """In the launching process of DDP: the line a worker reported (the file is removed), or ``None``."""
-    file = Path(trainer.save_dir) / WORKER_ERROR
-    if not trainer.ddp or not file.is_file():
+    """In the launching process of DDP: the line the workers reported (their files are removed), or ``None``.
+
+    Every rank stops with the line rank 0 decided (``_auto_plan`` broadcasts it), so all ranks report one line; where
+    they do not, the line says what each rank reported, and which reported nothing."""
+    files = {r: Path(trainer.save_dir) / WORKER_ERROR.format(r) for r in range(max(trainer.world_size, 1))}
+    lines = {r: f.read_text() for r, f in files.items() if f.is_file()}
+    for f in files.values():
+        f.unlink(missing_ok=True)
+    if not trainer.ddp or not lines:
         return None
-    error = file.read_text()
-    file.unlink()
-    return error
+    if len(set(lines.values())) == 1 and len(lines) == len(files):
+        return next(iter(lines.values()))
+    silent = [r for r in files if r not in lines]
+    return "; ".join([*(f"rank {r}: {line}" for r, line in lines.items()),
+                      *([f"ranks {silent} reported nothing"] if silent else [])])
 
 
 def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "") -> list[str]:
