@@ -62,6 +62,19 @@ def test_auto_fits_and_is_the_cheapest_fitting_plan(small, exhaustive, share):
     assert choice.plan.regions and len(choice.tried) <= 15
 
 
+def test_measurements_shared_across_growing_targets_choose_as_fresh_ones(small, exhaustive):
+    """``measured`` shared from the smallest target up: a plan that did not fit a smaller target is measured again
+    for a larger one, so every choice is the cheapest plan measured to fit, as with nothing shared."""
+    costs, fixed, peak, rows = exhaustive
+    shared = {}
+    for share in (0.5, 0.7, 0.9):
+        target = fixed + int(share * peak)
+        cheapest = min(f for _, nbytes, f in rows if nbytes <= target)
+        choice = choose_plan(small, IMGSZ, BATCH, target, costs=costs, measured=shared)
+        flops = {(c.units, c.mode): f for c, _, f in rows}[(choice.candidate.units, choice.candidate.mode)]
+        assert choice.measured_bytes <= target and flops <= 1.01 * cheapest, share
+
+
 def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive):
     """When vanilla fits, one line says so (no empty trade-off table); otherwise the table lists what was measured."""
     costs, fixed, peak, rows = exhaustive

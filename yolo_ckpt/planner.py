@@ -316,6 +316,13 @@ def candidates(costs: Costs, batch: int, fixed: int) -> list[Candidate]:
     return sorted(out, key=lambda c: (c.flops, c.predicted_bytes))
 
 
+@dataclass(frozen=True)
+class Over:
+    """A plan's step that did not fit ``target`` bytes (its probe stopped at that limit, or at the device)."""
+
+    target: int
+
+
 def vanilla(costs: Costs, batch: int, fixed: int) -> Candidate:
     """The plain step as a candidate: no recompute, its bytes predicted from batch 1 (never measured at a batch it may
     not fit)."""
@@ -359,8 +366,9 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         amp: Autocast dtype of the run's forward, ``None`` for full precision.
         costs: ``unit_costs`` of this model, when already measured.
         measured: Steps already measured on this model at ``imgsz`` (``(units, mode, batch)`` keys, vanilla's units
-            ``()``; ``None`` values do not fit), filled in as it measures, so that choosing for several targets
-            measures each plan once.
+            ``()``; ``Over`` values did not fit the target they were measured for), filled in as it measures, so
+            that choosing for several targets measures each plan once (again only for a target larger than the one
+            it did not fit).
 
     Raises:
         NothingFits: One line when not even the plan that keeps the least fits, with a bound on what it needs.
@@ -375,11 +383,13 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     def measure(c: Candidate) -> int | None:
         nonlocal extrapolated
         key = (c.units, c.mode, batch)
-        if key not in measured:
-            measured[key], extra = measure_candidate(model, c, imgsz, batch, target, costs, objects, amp)
+        got = measured.get(key)
+        if got is None or isinstance(got, Over) and got.target < target:  # a larger target may hold it: measure
+            got, extra = measure_candidate(model, c, imgsz, batch, target, costs, objects, amp)
+            got = measured[key] = Over(target) if got is None else got
             extrapolated |= extra
-        tried.append(Tried(c, measured[key]))
-        got = measured[key]
+        got = None if isinstance(got, Over) else got
+        tried.append(Tried(c, got))
         return got if got is not None and got <= target else None
 
     def chosen(c: Candidate, got: int, later: list) -> Choice:
