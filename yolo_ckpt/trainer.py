@@ -126,6 +126,13 @@ def yaml_task(model: Any) -> str | None:
 def check_task(model: Any, task: str | None) -> None:
     """Reject, in one line, a task yolo-ckpt has no trainer for, or a task the model's head does not train.
 
+    The one task check: ``check_settings`` runs it before any work, and ``yolo-ckpt train`` also on the task of the
+    model it built (a checkpoint's own task), so no task falls through to a trainer that rejects our keys.
+
+    Args:
+        model: The model argument whose YAML head must train ``task``, or ``None`` to check only the task name.
+        task: The task word given (or the built model's task); ``None`` checks nothing.
+
     Raises:
         CheckpointConfigError: Naming the valid tasks, or a model of the task and the model's own task.
     """
