@@ -194,6 +194,18 @@ def escalation_point(trainer: Any) -> None:
         trainer._snapshot = Snapshot.take(model, trainer.ema.updates)
 
 
+@contextmanager
+def random_state_kept(device: torch.device) -> Iterator[None]:
+    """Leave torch's generators (CPU, and the training CUDA device) as the block found them.
+
+    Planning runs training steps on copies, and RT-DETR's decoder draws random denoising queries in every training
+    forward: without this, the queries training draws afterwards would differ from vanilla Ultralytics'.
+    """
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device.index or 0] if cuda else [], device_type="cuda"):
+        yield
+
+
 def skip_frozen_stages(trainer: Any) -> None:
     """Stop checkpointing stages that store nothing for backward once Ultralytics has frozen layers (``freeze=``).
 
@@ -469,12 +481,14 @@ class CheckpointMixin:
         plain = unwrap_model(model)
         stages = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
         if self.args.memory_budget is not None or simulated:
-            return self._plan_for_budget(plain, stages, max_num_obj, dataset_size)
+            with random_state_kept(self.device):
+                return self._plan_for_budget(plain, stages, max_num_obj, dataset_size)
         try:
             self.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
             batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
             with planned_copy(plain) as self.model:
-                self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
+                with random_state_kept(self.device):  # Ultralytics' own AutoBatch draws once, as in vanilla
+                    self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         finally:
             self.model = model
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with {stages} ({self.autobatch_without} without)")
@@ -524,7 +538,8 @@ class CheckpointMixin:
         decision = None
         if RANK in {-1, 0}:
             try:
-                decision = self._choose(model, objects, autobatch, dataset_size)
+                with random_state_kept(self.device):
+                    decision = self._choose(model, objects, autobatch, dataset_size)
             except CheckpointConfigError as e:
                 decision = {"error": str(e)}
         if RANK != -1:  # the process group exists: Ultralytics set it up before _setup_train
