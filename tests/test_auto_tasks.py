@@ -30,7 +30,8 @@ from support import (
 )
 
 CASES = {  # model: (dataset writer, None for the embedded detect set; imgsz; share of its 16 training images used)
-    "rtdetr-tiny.yaml": (None, 128, 0.25),  # RT-DETR_TINY: RTDETRTrainer and its loss, in seconds (rtdetr-l: below)
+    "rtdetr-tiny.yaml": (None, 128, 0.25),  # RTDETR_TINY: RTDETRTrainer, its loss and denoising draws, in seconds
+    # (rtdetr-l: a few seconds per planning step on CPU; its recompute is tested in test_rtdetr.py)
     "yolo26n-sem.yaml": (write_polygon_set, 128, 1.0),
     # at 128-160 px the depth model's real epoch peaks in AdamW's step (its temporaries, ~4.5 MiB, which planning does
     # not count), 1-3% over a training step's bytes: 256 px, where the training step is the epoch's peak
