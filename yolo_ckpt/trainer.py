@@ -658,7 +658,9 @@ class CheckpointMixin:
         release(self.device)  # the failed step's tensors, held by the traceback until now
         imgsz = self._planning_imgsz()
         amp = autocast_dtype(self)
-        settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp, self._plan_costs)
+        with random_state_kept(self.device):  # training goes on from here, as after Ultralytics' own retry
+            settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp,
+                                           self._plan_costs)
         for k, v in settings.items():
             setattr(self.args, k, v)
         plan = CheckpointPlan.from_spec(model, settings["checkpoint_stages"], settings["checkpoint_layers"] or None)
