@@ -71,19 +71,24 @@ def predicted(model, imgsz: int, batch: int, target: int) -> str:
             f"{least.predicted_bytes / 2**30:.2f} GB, {1 + least.flops / base:.3f}x)")
 
 
+def extended_step(model, imgsz: int, batch: int) -> tuple[list[tuple[int, int]], float]:
+    """Step bytes measured at ``batch`` / 8 and ``batch`` / 4 (at least 1 and 2) and extended along the line through
+    them to ``batch``: the measured points and the bytes at ``batch``."""
+    (b1, m1), (b2, m2) = points = [(b, step_bytes(model, imgsz, b)) for b in (max(batch // 8, 1), max(batch // 4, 2))]
+    return points, m2 + (m2 - m1) / (b2 - b1) * (batch - b2)
+
+
 def confirmed(model, imgsz: int, batch: int, target: int) -> str:
     """Vanilla and stage 1's plan measured at batch/8 and batch/4 (at least 1 and 2), extended to ``batch``."""
     c = next((c for c in ranked_plans(model, imgsz, batch)[2] if c.predicted_bytes <= target), None)
     if c is None:
         return "nothing predicted to fit"
-    small = (max(batch // 8, 1), max(batch // 4, 2))
     parts = []
     for name, spec in (("vanilla", ((), "full", None)), (describe(c), (c.settings["checkpoint_stages"],
                                                                        c.settings["checkpoint_mode"],
                                                                        c.settings["checkpoint_layers"] or None))):
         with planned_copy(model, *spec) as m:
-            (b1, m1), (b2, m2) = ((b, step_bytes(m, imgsz, b)) for b in small)
-        at = m2 + (m2 - m1) / (b2 - b1) * (batch - b2)
+            ((b1, m1), (b2, m2)), at = extended_step(m, imgsz, batch)
         parts.append(f"{name}: measured {m1 / 2**30:.2f} GB at batch {b1}, {m2 / 2**30:.2f} GB at batch {b2} -> "
                      f"{at / 2**30:.2f} GB at batch {batch} ({'fits' if at <= target else 'does not fit'} "
                      f"{target / 2**30:.2f} GB)")
