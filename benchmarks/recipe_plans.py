@@ -110,7 +110,8 @@ def measured(model, imgsz: int, batch: int, target: int) -> str:
     how = "extrapolated from batches the device holds" if c.extrapolated else "measured"
     return (f"auto chooses {describe(c.candidate)}, {how} {c.measured_bytes / 2**30:.2f} GB of "
             f"{c.target_bytes / 2**30:.2f} GB, {1 + c.candidate.flops / c.base_flops:.3f}x FLOPs; measured: "
-            + "; ".join(f"{describe(t)} {'does not fit' if b is None else f'{b / 2**30:.2f} GB'}" for t, b in c.tried))
+            + "; ".join(f"{describe(t.candidate)} " + ("does not fit" if t.measured is None else
+                                                       f"{t.measured / 2**30:.2f} GB") for t in c.tried))
 
 
 def main() -> None:
