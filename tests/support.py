@@ -10,25 +10,20 @@ import csv
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
-from unittest import mock
 
 import cv2
 import numpy as np
 import torch
-import torch.distributed as dist
 import ultralytics
-import ultralytics.engine.validator
-from torch.nn.parallel import DistributedDataParallel
 from ultralytics.cfg import get_cfg
 from ultralytics.models import yolo
-from ultralytics.nn.autobackend import AutoBackend
 from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import LOCAL_RANK, RANK
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer, RTDETRTrainer
+from yolo_ckpt.distributed import WORLD_KEY, DistributedMixin
 from yolo_ckpt.families import ultralytics_class
 from yolo_ckpt.measure import measure_peak, state_bytes, step_bytes, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
@@ -70,6 +65,16 @@ RTDETR_TINY = {
         [-1, 1, "DWConv", [64, 3, 2, 1, False]],  # 4-P4/16
     ],
     "head": [[[3, 4], 1, "RTDETRDecoder", ["nc", 32, 30, 2, 4, 2, 64]]],  # 5: hd, queries, points, heads, layers, ffn
+}
+
+MINI = {  # two stages and a head: 3 checkpoint units, 14 candidate plans; for tests that measure every plan twice
+    "nc": 4,
+    "backbone": [
+        [-1, 1, "Conv", [16, 3, 2]],  # 0-P1/2
+        [-1, 1, "Conv", [32, 3, 2]],  # 1-P2/4
+        [-1, 1, "C3k2", [32, False, 0.25]],  # 2
+    ],
+    "head": [[-1, 1, "Conv", [64, 3, 2]], [[2, 3], 1, "Detect", ["nc"]]],  # 3-4
 }
 
 # Small, bitwise-reproducible CPU training (BRIEF §3) at a size where every loss term is non-zero: the same arguments
@@ -170,10 +175,11 @@ def assert_same(a, b, where: str) -> None:
 
 
 def plain_args(model) -> dict:
-    """A saved model's ``args`` without what differs by design: run directories and our own keys."""
+    """A saved model's ``args`` without what differs by design: run directories, our own keys and the world size we
+    record for resume."""
     args = getattr(model, "args", None) or {}
     args = args if isinstance(args, dict) else vars(args)
-    return {k: v for k, v in args.items() if k not in RUN_SPECIFIC and k not in CKPT_CFG_DICT}
+    return {k: v for k, v in args.items() if k not in RUN_SPECIFIC and k not in CKPT_CFG_DICT and k != WORLD_KEY}
 
 
 def tensor_differences(a: dict, b: dict, where: str) -> list[tuple[float, str]]:
@@ -267,6 +273,17 @@ class OOMOnce:
         return super().preprocess_batch(batch)
 
 
+class OOMTwice:
+    """Raise a CUDA-style out-of-memory error on the first two training steps, inside Ultralytics' retry block."""
+
+    def preprocess_batch(self, batch):
+        self.oom_raised = getattr(self, "oom_raised", 0) + 1
+        if self.oom_raised <= 2:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (raised by the test, "
+                                         f"{self.oom_raised} of 2)")
+        return super().preprocess_batch(batch)
+
+
 class VanillaOOMOnce(OOMOnce, yolo.detect.DetectionTrainer):
     """Ultralytics' detection trainer hitting one OOM."""
 
@@ -275,48 +292,39 @@ class CkptOOMOnce(OOMOnce, DetectionTrainer):
     """Our detection trainer hitting one OOM."""
 
 
-class _CPUDDP(DistributedDataParallel):
-    """DDP of a CPU module: torch rejects the ``device_ids`` Ultralytics always passes (a CUDA index)."""
-
-    def __init__(self, module, device_ids=None, **kwargs):
-        super().__init__(module, **kwargs)
+class CkptOOMTwice(OOMTwice, DetectionTrainer):
+    """Our detection trainer hitting two OOMs in a row."""
 
 
 class GlooDDP:
-    """Ultralytics' own two-process DDP path on CPU: only device selection and process-group setup are redirected.
+    """Ultralytics' own launcher for a two-process run on the CPU: only the launching process is redirected.
 
-    Ultralytics has no CPU DDP (``world_size`` is 0 for cpu, ``_setup_ddp`` forces a CUDA device); everything else —
-    the launcher, the worker file, samplers, the DDP wrap and its arguments, rank-0 saving — is Ultralytics' own.
+    Ultralytics has no CPU DDP (``world_size`` is 0 for cpu, so it never spawns workers); the launching process is
+    told the world is two, as for ``device=0,1``. Everything else — the worker file, the launcher, samplers, the DDP
+    wrap and its arguments, rank-0 saving — is Ultralytics' own, and its workers train on yolo-ckpt's supported CPU
+    path (``yolo_ckpt.distributed.DistributedMixin``: gloo, the CPU DDP wrap and final validation).
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.world_size = 2
-        self.ddp = LOCAL_RANK == -1  # the launching process spawns workers, as for device=0,1
-
-    def _setup_ddp(self):
-        self.device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=RANK, world_size=self.world_size)
-
-    def _setup_train(self):
-        with mock.patch.object(torch.nn.parallel, "DistributedDataParallel", _CPUDDP):
-            super()._setup_train()
-
-    def final_eval(self):
-        # The final validator puts DDP ranks on the current CUDA device: ask no CUDA backend, load on the CPU.
-        v = ultralytics.engine.validator
-        on_cpu = lambda *args, device=None, **kw: AutoBackend(*args, device=torch.device("cpu"), **kw)  # noqa: E731
-        with mock.patch.object(v, "get_torch_device_backend", lambda _: SimpleNamespace(current_device=lambda: 0)), \
-                mock.patch.object(v, "AutoBackend", on_cpu):
-            super().final_eval()
+        if LOCAL_RANK == -1:  # the launching process spawns workers, as for device=0,1
+            self.world_size = 2
+            self.ddp = True
 
 
-class VanillaGloo(GlooDDP, yolo.detect.DetectionTrainer):
+class VanillaTorchrun(DistributedMixin, yolo.detect.DetectionTrainer):
+    """Ultralytics' detection trainer with only yolo-ckpt's torchrun hooks (no checkpointing code at all)."""
+
+
+class VanillaGloo(GlooDDP, VanillaTorchrun):
     """Ultralytics' detection trainer in 2-process gloo DDP."""
 
 
 class CkptGloo(GlooDDP, DetectionTrainer):
     """Our detection trainer in 2-process gloo DDP."""
+
+
+TORCHRUN_TRAINERS = {"vanilla": VanillaTorchrun, "ckpt": DetectionTrainer}  # by name, for tests/torchrun_train.py
 
 
 # ------------------------------------------------------------------------- datasets yolo-ckpt did not generate

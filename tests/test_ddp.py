@@ -3,13 +3,16 @@
 Ultralytics writes a script plus a cloudpickled state (trainer class, ``vars(args)``, model, callbacks) and starts it
 with ``torch.distributed.run``; each worker rebuilds the trainer from that state. Both tests train our trainer and
 Ultralytics' own through that path with the same arguments and compare every saved field, and each worker's counted
-layer forwards prove that the recompute ran there.
+layer forwards prove that the recompute ran there. Ultralytics has no CPU DDP: ``support.GlooDDP`` only tells the
+launching process of two CPU workers; the workers train on yolo-ckpt's supported CPU path
+(``yolo_ckpt.distributed``, also what ``torchrun`` launches use: ``test_torchrun.py``).
 """
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import ultralytics
@@ -21,6 +24,7 @@ from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
 
 from yolo_ckpt import CheckpointConfigError, CheckpointPlan, DetectionTrainer
 from yolo_ckpt.epoch_memory import CALLBACKS
+from yolo_ckpt.trainer import WORKER_ERROR, reported_by_workers
 
 from support import (
     TRAIN_ARGS,
@@ -31,6 +35,7 @@ from support import (
     assert_same_run,
     auto_budget,
     forward_counts,
+    results,
 )
 
 # Two DDP launches at once (one per xdist worker) can race for a port or a rendezvous: one worker runs them all.
@@ -72,8 +77,9 @@ def gloo_runs(detect_data, tmp_path_factory):
     """Plain, checkpointed and ``auto`` two-process DDP through Ultralytics' launcher, same arguments."""
     project = tmp_path_factory.mktemp("ddp")
     runs = {}
-    budget = auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"] // 2, 0.8)  # per rank: vanilla won't fit
-    auto = {"checkpoint_stages": "auto", "memory_budget": budget}
+    # per rank, a simulated device whose 60% vanilla does not fit: every worker trains on its own, rank 0 plans on its
+    device = auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"] // 2, 0.8)
+    auto = {"checkpoint_stages": "auto", "simulate_gpu": device}
     for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES}),
                                  ("auto", CkptGloo, auto)):
         model = ultralytics.YOLO("yolo11n.yaml")
@@ -91,8 +97,8 @@ def test_two_process_ddp_matches_plain_ddp(gloo_runs):
 
 
 def test_two_process_ddp_auto_plans_once_and_matches_plain_ddp(gloo_runs):
-    """Rank 0 plans for its share of the batch and broadcasts; both ranks install that plan, record it, and train as
-    plain DDP."""
+    """Each worker on a simulated device: rank 0 plans for its share of the batch on its device and broadcasts; both
+    ranks install that plan, record it, and train as plain DDP, within their devices."""
     planned = [json.loads((gloo_runs["auto"] / f"planned_rank{r}.json").read_text()) for r in (0, 1)]
     assert planned == [True, False]  # only rank 0 measured
     chosen = yaml.safe_load((gloo_runs["auto"] / "args.yaml").read_text())
@@ -103,6 +109,8 @@ def test_two_process_ddp_auto_plans_once_and_matches_plain_ddp(gloo_runs):
     for rank in (0, 1):  # rank 1 wrote nothing: its counts show it installed the plan rank 0 recorded
         assert_recomputed(forward_counts(gloo_runs["vanilla"], rank), forward_counts(gloo_runs["auto"], rank), layers)
     assert_same_run(gloo_runs["vanilla"], gloo_runs["auto"], ranks=(0, 1))
+    device = int(yaml.safe_load((gloo_runs["auto"] / "args.yaml").read_text())["simulate_gpu"][:-1])
+    assert 0 < float(results(gloo_runs["auto"])[0]["mem/peak_tensor_GB"]) * 2**30 <= device  # the most of any rank
 
 
 def test_our_callbacks_are_registered_once_however_the_trainer_is_built(detect_data, tmp_path):
@@ -117,7 +125,8 @@ def test_our_callbacks_are_registered_once_however_the_trainer_is_built(detect_d
 
 def test_two_process_ddp_nothing_fits_is_one_error_and_no_run_dir(detect_data, tmp_path, capfd):
     """auto finds no plan in the workers (after the run directory exists): the launching process raises the one line
-    the workers reported, no worker prints a traceback, and the run directory is gone. (AutoBatch is single-process
+    every worker reported (``reported_by_workers`` names each rank's line where they differ or one is missing), no
+    worker prints a traceback, and the run directory is gone. (AutoBatch is single-process
     in Ultralytics: batch=-1 with several devices is Ultralytics' own error, before any worker starts.)"""
     with pytest.raises(CheckpointConfigError, match=r"^checkpoint_stages=auto: nothing fits .* memory_budget=\d+MB "
                                                     r"would fit it") as e:
@@ -127,3 +136,13 @@ def test_two_process_ddp_nothing_fits_is_one_error_and_no_run_dir(detect_data, t
     out = capfd.readouterr()  # the workers' output (the parent's logger writes past capfd)
     assert "\n" not in str(e.value) and "Traceback" not in out.out + out.err
     assert "auto: choosing the plan" in out.out and list(tmp_path.iterdir()) == []  # the workers planned; nothing left
+
+
+def test_the_launcher_says_which_rank_reported_what(tmp_path):
+    """One line however the workers ended: theirs when all ranks reported it, else each rank's and the silent ones."""
+    trainer = SimpleNamespace(save_dir=tmp_path, world_size=2, ddp=True)
+    for lines, expected in (({0: "a", 1: "a"}, "a"), ({0: "a", 1: "b"}, "rank 0: a; rank 1: b"),
+                            ({0: "a"}, "rank 0: a; ranks [1] reported nothing"), ({}, None)):
+        for rank, line in lines.items():
+            (tmp_path / WORKER_ERROR.format(rank)).write_text(line)
+        assert reported_by_workers(trainer) == expected and list(tmp_path.iterdir()) == []

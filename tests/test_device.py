@@ -1,19 +1,33 @@
 """Memory decisions on a simulated device with a hard limit, measured by an independent exact tracker around them."""
 
+import logging
 from copy import deepcopy
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
+from ultralytics.utils import LOGGER
+from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt.autobatch import plan_batch
-from yolo_ckpt.device import SimulatedDevice, device_memory, is_oom, simulated_device
+from yolo_ckpt.device import (
+    LimitReached,
+    MemoryLimit,
+    SimulatedDevice,
+    device_memory,
+    is_oom,
+    output_bytes,
+    simulated_device,
+)
 from yolo_ckpt.measure import planned_copy, step_bytes
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
 
-from support import SMALL
+from support import SMALL, TRAIN_ARGS, auto_budget, results
 
 IMGSZ = 128
 
@@ -38,6 +52,49 @@ def test_simulated_device_raises_cuda_out_of_memory_and_reports_like_cuda():
         assert gpu.max_memory_allocated() == 2**20 and outside.peak == 2**19 + 2**20  # outside saw the refused MiB
         del a, b
     assert device_memory("cpu") is None and simulated_device() is None
+
+
+OPS = {  # ATen ops planning steps run, as a tracker sees them allocate (views and in-place ops allocate nothing)
+    "conv": lambda x: torch.nn.functional.conv2d(x, torch.ones(8, 3, 3, 3)),
+    "factory": lambda x: torch.zeros(5, 7, 9, dtype=torch.float64),
+    "cat": lambda x: torch.cat([x, x, x], 1),
+    "matmul": lambda x: x.flatten(1) @ x.flatten(1).T,
+    "view": lambda x: x.view(-1),
+    "in-place": lambda x: x.mul_(2),
+    "expand+copy": lambda x: x[:, :1].expand(2, 16, 32, 32).contiguous(),
+    "reduction": lambda x: x.sum((2, 3)),
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_output_bytes_are_what_the_op_allocates(op):
+    """``output_bytes`` (meta tensors, before the op runs) against the exact tracker (after it ran)."""
+    x = torch.rand(2, 3, 32, 32)
+    seen = []
+
+    class Predict(LiveTensorTracker):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(output_bytes(func, args, kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    with LiveTensorTracker() as exact, Predict():
+        out = OPS[op](x)
+    assert None not in seen and sum(seen) == exact.peak, (seen, exact.peak)  # the conv weight dies after it: the peak
+    del out
+
+
+def test_a_probe_refuses_an_op_before_it_allocates():
+    """What a probe may not allocate never reaches the trackers around it (the device, planning's exact tracker),
+    except for an op whose output size depends on the data, which is checked after it ran."""
+    with LiveTensorTracker() as outside:
+        x = torch.ones(2**16)  # 256 KiB
+        with pytest.raises(LimitReached, match="Tried to allocate 2.00 MiB"), MemoryLimit(2**20, device=False):
+            torch.cat([x] * 8)
+        assert outside.peak == 2**18  # the 2 MiB were never allocated
+        with pytest.raises(LimitReached, match="Tried to allocate 512.00 KiB|Tried to allocate 0.50 MiB"), \
+                MemoryLimit(2**18, device=False):
+            x.nonzero()  # 2**16 int64 indices: meta cannot size it before it runs
+        assert outside.peak == 2**18 + 2**19
 
 
 def test_batch_planning_never_passes_the_share_and_plans_past_a_small_device():
@@ -75,3 +132,89 @@ def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
     with planned_copy(model, choice.candidate.settings["checkpoint_stages"], choice.candidate.mode,
                       choice.candidate.settings["checkpoint_layers"] or None) as m:
         assert step_bytes(m, IMGSZ, batch) == choice.measured_bytes  # the measurement is a plain, unguarded step
+
+
+# ------------------------------------------------------------------------ training on a simulated device
+RUN = {**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False}
+KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
+
+
+def sim_run(data: str, project: Path, name: str, **kw) -> SimpleNamespace:
+    """yolo11n trained on a simulated device: the trainer, the device's peak until the first epoch (``planning``:
+    every planning step, the training model, the loaders built), the batch planned, the epoch's peak (results.csv,
+    read from the device), whether an out-of-memory error escalated the plan, and the log."""
+    from yolo_ckpt import YOLO
+
+    seen = {}
+    model = YOLO("yolo11n.yaml")
+
+    def planned(trainer):  # planning (AutoBatch, auto) is over before the first epoch
+        seen.update(planning=simulated_device().peak, plan={k: getattr(trainer.args, k) for k in KEYS},
+                    batch=trainer.batch_size)
+
+    model.add_callback("on_train_start", planned)
+    log = logging.Handler()
+    log.emit = lambda record: lines.append(record.getMessage())
+    lines: list[str] = []
+    LOGGER.addHandler(log)
+    try:
+        model.train(data=data, project=str(project), name=name, **{**RUN, **kw})
+    finally:
+        LOGGER.removeHandler(log)
+    epoch = float(results(Path(model.trainer.save_dir))[0]["mem/peak_tensor_GB"]) * 2**30
+    escalated = seen["plan"] != {k: getattr(model.trainer.args, k) for k in KEYS}
+    return SimpleNamespace(trainer=model.trainer, planning=seen["planning"], batch=seen["batch"], epoch=epoch,
+                           escalated=escalated, log="\n".join(lines))
+
+
+def device_bytes(data: str, share: float, batch: int = 4) -> int:
+    """A device whose 60% is ``share`` of vanilla yolo11n's step at ``batch`` (model state and batch on top)."""
+    return int(auto_budget("yolo11n.yaml", data, RUN["imgsz"], batch, share)[:-1])
+
+
+def test_auto_at_a_fixed_batch_plans_and_trains_within_the_device_share(detect_data, tmp_path):
+    """No memory_budget: auto plans for 60% of the simulated device (vanilla needs more), planning included, and
+    the epoch at the user's batch stays within that share: no out-of-memory, no escalation, no halving."""
+    device = device_bytes(detect_data, 0.7)
+    r = sim_run(detect_data, tmp_path, "auto", checkpoint_stages="auto", simulate_gpu=f"{device}B")
+    share = int(0.6 * device)
+    assert r.trainer.memory_target == share and r.batch == r.trainer.batch_size == RUN["batch"]
+    assert 0 < r.planning <= share and 0 < r.epoch <= share
+    chosen = yaml.safe_load((Path(r.trainer.save_dir) / "args.yaml").read_text())
+    assert chosen["checkpoint_stages"] not in ("auto", []) and not r.escalated
+
+
+@pytest.mark.parametrize("stages, fraction", [([2, 3], 0.5), ("auto", -1)])
+def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages, fraction):
+    """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
+    included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
+    plan's batch is the largest whose step fits."""
+    from yolo_ckpt.measure import planned_copy, step_bytes
+
+    device = device_bytes(detect_data, 2.0) * 5 // 6
+    r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
+    share, b = int((0.6 if fraction == -1 else fraction) * device), r.batch
+    assert r.trainer.memory_target == share and 4 < b == r.trainer.batch_size < 16, b  # beyond vanilla's 4
+    assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
+    if stages != "auto":
+        objects = r.trainer._objects()
+        with planned_copy(unwrap_model(r.trainer.model), stages) as m:  # the run's classes and frozen layers
+            assert step_bytes(m, RUN["imgsz"], b, objects) <= share < step_bytes(m, RUN["imgsz"], b + 1, objects)
+
+
+def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(detect_data, tmp_path):
+    """``batch=-1 memory_budget`` of 2.5x the simulated device: one warning naming both, the probes stop at the
+    device, and the batch is extrapolated to within 10% of what planning on an unlimited device gives."""
+    from yolo_ckpt.measure import planned_copy
+
+    budget = device_bytes(detect_data, 2.0) * 5 // 6
+    device = int(budget / 2.5)
+    r = sim_run(detect_data, tmp_path, "big", checkpoint_stages=[2, 3], batch=-1, memory_budget=f"{budget}B",
+                simulate_gpu=f"{device}B")
+    with planned_copy(unwrap_model(r.trainer.model), [2, 3]) as m:  # plain after training, the run's classes
+        unlimited = plan_batch(m, RUN["imgsz"], budget, 0.6, objects=r.trainer._objects())
+    assert unlimited.batch < 16 and abs(r.batch - unlimited.batch) <= 0.1 * unlimited.batch, (r.batch, unlimited)
+    assert r.planning <= device
+    assert r.log.count("is more than simulated device") == 1 and "extrapolated from steps at batches" in r.log
+    # the batch planned for the budget does not fit this device: the first epoch's retry takes it down
+    assert r.trainer.batch_size < r.batch

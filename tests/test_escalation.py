@@ -1,10 +1,13 @@
 """Out of memory in the first epoch on a simulated device: the plan escalates at the same batch instead of halving it,
 and the run is then the run a user would have started with the escalated plan."""
 
+import logging
+import re
 from pathlib import Path
 
 import ultralytics
 import yaml
+from ultralytics.utils import LOGGER
 
 from yolo_ckpt import YOLO, CheckpointPlan
 
@@ -24,7 +27,7 @@ KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
 def run(data, project, name, **ours):
     model = YOLO("yolo11n.yaml")
     add_counting(model)
-    model.train(data=data, project=str(project), name=name, **ARGS, **ours)
+    model.train(data=data, project=str(project), name=name, **{**ARGS, **ours})
     return model.trainer, Path(model.trainer.save_dir)
 
 
@@ -58,3 +61,31 @@ def test_a_plan_that_keeps_the_least_hands_over_to_ultralytics_halving(detect_da
     model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), checkpoint_stages="all",
                 checkpoint_layers="head", **{**ARGS, "save_period": -1})
     assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] // 2
+
+
+def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect_data, tmp_path):
+    """Out of memory twice at the start: two escalations, each to a plan keeping less, at the same batch; the run is
+    then bit for bit the run started with the last plan (BatchNorm buffers and generators back to the epoch start)."""
+    from support import CkptOOMTwice
+
+    model = YOLO("yolo11n.yaml")
+    add_counting(model)
+    plans = []
+    handler = logging.Handler()
+    handler.emit = lambda r: plans.append(r.getMessage()) if "escalated to" in r.getMessage() else None
+    LOGGER.addHandler(handler)
+    try:
+        model.train(trainer=CkptOOMTwice, data=detect_data, project=str(tmp_path), name="twice",
+                    checkpoint_stages=[2, 3], **{**ARGS, "imgsz": 160})
+    finally:
+        LOGGER.removeHandler(handler)
+    esc = Path(model.trainer.save_dir)
+    assert model.trainer.oom_raised > 2 and model.trainer.batch_size == ARGS["batch"] and len(plans) == 2, plans
+    first, second = (re.search(r"with (.*): escalated to (.*) at the same batch", line).groups() for line in plans)
+    assert first[0] == "stages [2, 3]" and second[0] == first[1] != second[1]  # from [2,3], then from the first
+    chosen = {k: v for k, v in yaml.safe_load((esc / "args.yaml").read_text()).items() if k in KEYS}
+    _, fresh = run(detect_data, tmp_path, "fresh", imgsz=160, **chosen)
+    assert_same_run(fresh, esc)
+    plan = CheckpointPlan.from_spec("yolo11n.yaml", chosen["checkpoint_stages"], chosen["checkpoint_layers"] or None)
+    _, plain = run(detect_data, tmp_path, "plain", imgsz=160, checkpoint_stages=[])
+    assert_recomputed(forward_counts(plain), forward_counts(fresh), {i for r in plan.regions for i in r.layers})

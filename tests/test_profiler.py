@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from yolo_ckpt.measure import build_model, training_batch
 from yolo_ckpt.profiler import compare_plans, profile_stages, standard_plans
 
-from support import SMALL
+from support import MINI, SMALL
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +96,121 @@ def test_plot_labels_are_a_legend_beside_the_axes():
     lo, hi = ax.get_xlim()
     assert lo < 1.0 and hi > 1.3  # no point on the frame
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------- on a small device
+@pytest.fixture(scope="module")
+def mini():
+    from copy import deepcopy
+
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    return model
+
+
+def need_on_device(model, imgsz: int, batch: int, peak: int) -> int:
+    """What a plan's step of ``peak`` bytes needs on a device: the model's and its planning copy's weights, the
+    batch, the step (counted from shapes: float32 images, per object a batch index, a class and an xywh box)."""
+    from yolo_ckpt.measure import OBJECTS_PER_IMAGE
+
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return 2 * weights + 4 * batch * (3 * imgsz * imgsz + OBJECTS_PER_IMAGE * 6) + peak
+
+
+def test_flop_count_is_torchs_and_keeps_nothing(mini):
+    """``FlopCount`` against ``FlopCounterMode`` (the FLOPs) and the exact tracker without it (the memory), and why
+    it exists: under ``FlopCounterMode`` the whole network's checkpointed step peaks above the step itself."""
+    from yolo_ckpt.measure import FlopCount, measure_peak, planned_copy, step_loss
+    from yolo_ckpt.memory import LiveTensorTracker
+
+    for spec in ([], ("all", "full", "head")):
+        with planned_copy(mini, *(spec if isinstance(spec, tuple) else (spec,))) as m:
+            data = training_batch(m, 128, 2)
+            with LiveTensorTracker() as seen, FlopCounterMode(display=False) as torch_count:
+                step_loss(m, data).backward()
+            m.zero_grad(set_to_none=True)
+            plain = measure_peak(m, data)
+            with FlopCount() as ours:
+                counted = measure_peak(m, data)
+        assert ours.flops == torch_count.get_total_flops() > 0 and counted == plain, spec
+    assert seen.peak > plain.peak  # the last spec: FlopCounterMode kept what checkpointing frees
+
+
+def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):
+    """Vanilla and the plans over the device are reported as not fitting, the others as measured without a device;
+    no ratio to a vanilla that was not measured; no step ever tries to pass the device."""
+    from yolo_ckpt.device import SimulatedDevice
+    from yolo_ckpt.memory import LiveTensorTracker
+
+    imgsz, batch, plans = 128, 2, standard_plans(mini)
+    ref = compare_plans(mini, imgsz, batch, plans, repeats=0)
+    need = [need_on_device(mini, imgsz, batch, int(r["peak_MiB"] * 2**20)) for r in ref]  # +-0.05 MiB: rounded
+    inside = sorted({n for n in need if n < need[0]} | {need[0]})
+    lo, hi = max(zip(inside, inside[1:]), key=lambda p: p[1] - p[0])
+    assert hi - lo > 2**20 // 5  # wider than the rounding on either side
+    limit = (lo + hi) // 2
+    state = [*mini.parameters(), *mini.buffers()]
+    with LiveTensorTracker() as outside, SimulatedDevice(limit) as gpu:
+        outside.track(state)
+        gpu.track(state)
+        rows = compare_plans(mini, imgsz, batch, plans, repeats=1)
+        stages = profile_stages(mini, imgsz, batch)
+    assert gpu.max_memory_allocated() <= limit and outside.peak <= limit  # every allocation tried fit the device
+    assert [r["plan"] for r in rows] == list(plans) and not rows[0]["fits"] and rows[-1]["fits"]
+    for r, expected, n in zip(rows, ref, need):
+        assert r["fits"] == (n <= limit), (r["plan"], n, limit)
+        same = ("peak_MiB", "GFLOPs")
+        assert [r[k] for k in same] == ([expected[k] for k in same] if r["fits"] else [None, None]), r["plan"]
+        assert (r["step_s"] is not None) == r["fits"]
+        assert r["peak_ratio"] is r["flops_ratio"] is r["time_ratio"] is None
+    plain = profile_stages(mini, imgsz, batch)
+    for r, expected in zip(stages, plain):  # every stage row compares its step with vanilla's, which did not fit
+        assert (r["stage"], r["layers"], r["modules"]) == (expected["stage"], expected["layers"], expected["modules"])
+        assert not r["fits"] and r["saved_MiB_checkpointed"] is r["recompute_GFLOPs"] is r["saved_MiB_vanilla"] is None
+        assert r["output_shape"] in (None, expected["output_shape"])
+
+
+def test_profile_command_on_a_simulated_device(tmp_path, mini):
+    """``yolo-ckpt profile simulate_gpu=...`` end to end on a device between the whole network's step and vanilla's:
+    rows that do not fit say so, the files are written, nothing passes the device."""
+    from yolo_ckpt.measure import measure_peak, planned_copy
+
+    cfg = tmp_path / "mini.yaml"
+    cfg.write_text(yaml.safe_dump(MINI, sort_keys=False))
+    imgsz, batch = 64, 8  # a device that holds the stage analysis' dry run of each copy (256 px, batch 1)
+    need = {}
+    for spec in ([], ("all", "selective", "head")):
+        with planned_copy(mini, *(spec if isinstance(spec, tuple) else (spec,))) as m:
+            need[str(spec)] = need_on_device(mini, imgsz, batch, measure_peak(m, training_batch(m, imgsz, batch)).peak)
+    limit = sum(need.values()) // 2
+    out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", f"model={cfg}", f"imgsz={imgsz}",
+                          f"batch={batch}", f"memory_budget={int(limit / 0.6)}B", f"simulate_gpu={limit}B",
+                          f"project={tmp_path}", "name=p"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = json.loads((tmp_path / "p" / "profile.json").read_text())
+    plans = {r["plan"]: r for r in saved["plans"]}
+    assert not plans["none"]["fits"] and plans["none"]["peak_MiB"] is None and plans["all + head selective"]["fits"]
+    assert all(r["peak_ratio"] is None for r in saved["plans"] + saved["candidates"])
+    assert not saved["candidates"][0]["fits"] and any(r["fits"] for r in saved["candidates"])
+    for name in ("plans", "stages", "candidates", "untouchable"):
+        lines = (tmp_path / "p" / f"{name}.csv").read_text().splitlines()
+        assert len(lines) == 1 + len(saved[name]) and ("fits" in lines[0].split(",")) == (name != "untouchable")
+    for name in ("tradeoff.png", "pareto.png"):
+        assert (tmp_path / "p" / name).read_bytes()[:4] == b"\x89PNG"
+    peak = next(line for line in saved["notes"] if line.startswith("the simulated device peaked at"))
+    assert float(peak.split()[5]) <= round(limit / 2**20, 1)  # both rounded as the note rounds
+    text = out.stdout + out.stderr
+    assert "vanilla does not fit the simulated device" in text and "Traceback" not in text
+
+
+def test_profile_simulate_gpu_on_cuda_is_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", "simulate_gpu=1GB", "device=0",
+                          f"project={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == ["yolo-ckpt: error: simulate_gpu='1GB' rehearses a GPU on CPU. Valid: "
+                                               "with device=cpu, or no simulate_gpu on a CUDA device (its own memory "
+                                               "counts)."]
+    assert list(tmp_path.iterdir()) == []

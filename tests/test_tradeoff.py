@@ -16,22 +16,28 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
+from yolo_ckpt.device import SimulatedDevice
 from yolo_ckpt.measure import OBJECTS_PER_IMAGE, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.planner import choose_plan, describe
 from yolo_ckpt.recompute import CHEAP_CONV_MACS
 from yolo_ckpt.stages import CheckpointPlan
-from yolo_ckpt.tradeoff import largest_imgsz, measure_candidates, untouchable
+from yolo_ckpt.tradeoff import largest_imgsz, measure_candidates, pareto, tradeoffs, untouchable
 
-from support import SMALL
+from support import MINI, SMALL
 
 IMGSZ, BATCH = 128, 2
 
 
-@pytest.fixture(scope="module")
-def small():
-    model = DetectionModel(deepcopy(SMALL), verbose=False).train()
+def detector(cfg: dict) -> DetectionModel:
+    model = DetectionModel(deepcopy(cfg), verbose=False).train()
     model.args = get_cfg()
     return model
+
+
+@pytest.fixture(scope="module")
+def small():
+    return detector(SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +155,64 @@ def test_untouchable_memory(small):
     state = rows["weights"] + rows["EMA copy"] + rows["optimizer (AdamW, 2 moments)"]
     assert state == pytest.approx(state_by_hand(small) / 2**20, abs=0.2)  # what planning counts as model state
     assert rows["loss + assigner, 200 objects per image"] > rows["loss + assigner, 10 objects per image"] > 0
+
+
+# ------------------------------------------------------------------------------------- on a small device
+def device_between(small, rows) -> tuple[int, list[int]]:
+    """A device limit below what vanilla's step and another plan's need on it and above what half the way from the
+    plan that keeps the least to vanilla needs (planning's own batch-1 steps must fit), in the middle of the widest gap
+    between the plans' needs there, so that no plan sits at the limit; and each row's need.
+
+    On the device a step needs the model's and one planning copy's weights beside the batch and the step's peak: its
+    step bytes measured without a device (``rows``) less the model state, which step bytes count but a probe does not
+    allocate."""
+    weights = sum(t.numel() * t.element_size() for t in small.state_dict().values())
+    need = [r["step_bytes"] - state_by_hand(small) + 2 * weights for r in rows]
+    least, most = min(need), need[0]
+    inside = sorted({n for n in need if (least + most) / 2 <= n < most})
+    lo, hi = max(zip(inside, inside[1:]), key=lambda p: p[1] - p[0])
+    return (lo + hi) // 2, need
+
+
+def on_device(limit: int, model, fn):
+    """``fn()`` on a ``SimulatedDevice`` of ``limit`` bytes holding ``model``, with an exact tracker outside it:
+    ``(result, the device's peak, the outside tracker's peak)``; the outside tracker sees every allocation tried, also
+    one the device refuses."""
+    state = [*model.parameters(), *model.buffers()]
+    with LiveTensorTracker() as outside, SimulatedDevice(limit) as gpu:
+        outside.track(state)
+        gpu.track(state)
+        result = fn()
+    return result, gpu.max_memory_allocated(), outside.peak
+
+
+def test_tradeoffs_on_a_device_smaller_than_vanilla():
+    """vanilla and every plan over the device are reported as not fitting; the others equal the rows measured without
+    a device; auto's choice is choose_plan's on that device; no step ever tries to pass the device."""
+    small = detector(MINI)
+    rows = measure_candidates(small, IMGSZ, BATCH)
+    limit, need = device_between(small, rows)
+    budget = int(limit / 0.6)  # auto's share of it: as large as the device
+    extra, peak, tried = on_device(limit, small, lambda: tradeoffs(small, IMGSZ, BATCH, f"{budget}B"))
+    assert peak <= limit and tried <= limit
+    got = extra["candidates"]
+    assert [(r["plan"], r["checkpoint_mode"]) for r in got] == [(r["plan"], r["checkpoint_mode"]) for r in rows]
+    assert not got[0]["fits"] and 1 < sum(not r["fits"] for r in got) < len(got) - 1
+    for r, ref, n in zip(got, rows, need):
+        assert r["fits"] == (n <= limit), (r["plan"], r["checkpoint_mode"], n, limit)
+        measured = (r["step_bytes"], r["flops"], r["step_MiB"])
+        assert measured == ((ref["step_bytes"], ref["flops"], ref["step_MiB"]) if r["fits"] else (None,) * 3)
+        assert r["peak_ratio"] is None and r["flops_ratio"] is None and "time_ratio" not in r  # no vanilla to divide by
+        assert r["pareto"] <= r["fits"]
+    fitting = [ref for r, ref in zip(got, rows) if r["fits"]]
+    assert [r["pareto"] for r in got if r["fits"]] == [r["pareto"] for r in pareto([dict(r) for r in fitting])]
+    assert any("vanilla does not fit" in line for line in extra["notes"])
+
+    choice, _, _ = on_device(limit, small, lambda: choose_plan(small, IMGSZ, BATCH, int(0.6 * budget)))
+    chosen = extra["chosen"]
+    assert chosen["auto"] and (chosen["plan"], chosen["checkpoint_mode"]) == (describe(choice.candidate),
+                                                                              choice.candidate.mode)
+    assert chosen["fits"] and chosen["step_bytes"] == choice.measured_bytes
+    assert got[0]["largest_imgsz"] < IMGSZ  # predicted from smaller sizes, below the size the device did not hold
+    plain = {r["what"]: r["MiB"] for r in untouchable(small, IMGSZ, BATCH)}
+    assert all(r["MiB"] in (None, plain[r["what"]]) for r in extra["untouchable"])

@@ -260,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             train(args)
     except CheckpointConfigError as e:
-        print(f"yolo-ckpt: error: {e}", file=sys.stderr)
+        from ultralytics.utils import RANK
+
+        if RANK in {-1, 0}:  # under torchrun every rank stops with the same line; rank 0 shows it
+            print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2
     return 0
 
@@ -279,28 +282,70 @@ def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
 
 
 def profile(args: list[str]) -> list[Path]:
-    """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed."""
-    import torch
+    """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed.
+
+    With ``simulate_gpu=SIZE`` (CPU only, as in ``train``) the whole profile, the model built included, runs on a
+    ``SimulatedDevice`` of that size; there and on CUDA a plan whose step does not fit the device is reported with
+    ``fits`` false and no figures.
+    """
     from ultralytics.cfg import get_save_dir
     from ultralytics.utils import colorstr
-    from ultralytics.utils.torch_utils import select_device
 
-    from .measure import build_model
-    from .profiler import compare_plans, profile_stages, standard_plans, write_profile
-    from .stages import word
-    from .tradeoff import tradeoffs
-    from .trainer import DEFAULT_CFG_DICT_CKPT, check_settings, is_auto
+    from .autobatch import parse_memory
+    from .device import SimulatedDevice
+    from .profiler import write_profile
+    from .trainer import DEFAULT_CFG_DICT_CKPT, check_settings
 
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
     cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
     model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
     check_settings(model_name, vars(cfg))  # as train does: one line before anything is measured
+    model, amp = _profile_model(model_name, cfg)
+    with contextlib.ExitStack() as stack:
+        if cfg.simulate_gpu is not None:  # as in train: the model, built before, lives on the device too
+            gpu = stack.enter_context(SimulatedDevice(parse_memory(cfg.simulate_gpu)))
+            gpu.track([*model.parameters(), *model.buffers()])
+            LOGGER.info(f"{colorstr('profile:')} simulate_gpu={cfg.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device "
+                        f"on CPU, exact tensor bytes")
+        stages, plans, extra, batch = _profile_tables(model, cfg, amp)
+        if cfg.simulate_gpu is not None:
+            extra["notes"].append(f"the simulated device peaked at {gpu.max_memory_allocated() / 2**20:.1f} MiB of "
+                                  f"{gpu.limit / 2**20:.1f} MiB")
+    LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
+    front = [r for r in extra["candidates"] if r["pareto"]]
+    for rows in (r for r in (stages, plans, front, extra["untouchable"]) if r):
+        keys = list({k: None for r in rows for k in r})  # every row's keys: auto's choice has one more
+        LOGGER.info("  ".join(f"{k:>14}" for k in keys))
+        for r in rows:  # a figure not measured (the step did not fit the device) shows as "-"
+            LOGGER.info("  ".join(f"{'-' if r.get(k) is None else str(r[k]):>14}" for k in keys))
+    for line in extra["notes"]:
+        LOGGER.info(f"{colorstr('profile:')} {line}")
+    paths = write_profile(get_save_dir(cfg), stages, plans, extra)
+    LOGGER.info(f"{colorstr('profile:')} results saved to {paths[0].parent}")
+    return paths
+
+
+def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
+    """The model to profile on the run's device, in the run's memory format, and the run's autocast dtype."""
+    import torch
+    from ultralytics.utils.torch_utils import select_device
+
+    from .measure import build_model
+
     device = select_device(cfg.device, verbose=False)
     amp, channels_last = training_formats(cfg, device)
     model = build_model(model_name).to(device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
     cfg.task = cfg.task or model.task
+    return (model.to(memory_format=torch.channels_last) if channels_last else model), amp
+
+
+def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any) -> tuple[list[dict], list[dict], dict, int]:
+    """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)``."""
+    from .profiler import compare_plans, profile_stages, standard_plans
+    from .stages import word
+    from .tradeoff import tradeoffs
+    from .trainer import is_auto
+
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     plans = standard_plans(model)
     if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
@@ -308,15 +353,4 @@ def profile(args: list[str]) -> list[Path]:
     stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
     plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
-    extra = tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp)
-    LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
-    front = [r for r in extra["candidates"] if r["pareto"]]
-    for rows in (stages, plans, front, extra["untouchable"]):
-        LOGGER.info("  ".join(f"{k:>14}" for k in rows[0]))
-        for r in rows:
-            LOGGER.info("  ".join(f"{str(v):>14}" for v in r.values()))
-    for line in extra["notes"]:
-        LOGGER.info(f"{colorstr('profile:')} {line}")
-    paths = write_profile(get_save_dir(cfg), stages, plans, extra)
-    LOGGER.info(f"{colorstr('profile:')} results saved to {paths[0].parent}")
-    return paths
+    return stages, plans, tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp), batch

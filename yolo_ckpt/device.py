@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_map
 
-from .memory import LiveTensorTracker
+from .memory import LiveTensorTracker, _tensor_leaves
 
 ALLOCATOR_MARGIN = 1.10
 """Allocator bytes per exact tensor byte assumed on CUDA: the caching allocator rounds blocks (512 B, 2 MiB segments),
@@ -52,24 +54,94 @@ class LimitReached(RuntimeError):
     inside a step (``TaskAlignedAssigner`` retries one image at a time), which would change the step measured."""
 
 
+_ALLOCATES: dict[Any, bool] = {}  # op overload -> whether it returns a tensor that is not an alias of an input
+_SIZED: dict[tuple, int | None] = {}  # (op, argument signature) -> output bytes: steps repeat ops at the same shapes
+
+
+def output_bytes(func: Any, args: tuple, kwargs: dict) -> int | None:
+    """Bytes of the new storages the ATen op ``func`` would allocate for ``args``, computed on meta tensors before it
+    runs; ``0`` for views, in-place ops and ops that return no tensor; ``None`` when meta cannot tell (an output whose
+    shape depends on the data, such as ``nonzero``).
+
+    The op runs with every dispatch mode off (``_disable_current_modes``, private in torch 2.14.1 and the one way to
+    run an op from inside a mode without the modes below seeing it), on meta copies of the tensor arguments and with
+    ``device="meta"`` for factories, so nothing is allocated and no generator advances. Sizes are remembered per
+    shapes and arguments (a meta kernel, often written in Python, costs more than a small step's real op).
+    """
+    allocates = _ALLOCATES.get(func)
+    if allocates is None:
+        rets = func._schema.returns
+        allocates = _ALLOCATES[func] = any("Tensor" in str(r.type) and r.alias_info is None for r in rets)
+    if not allocates:
+        return 0
+    key = (func, _signature(args), _signature(kwargs))
+    if key not in _SIZED:
+        if len(_SIZED) > 2**17:
+            _SIZED.clear()
+        _SIZED[key] = _meta_bytes(func, args, kwargs)
+    return _SIZED[key]
+
+
+def _signature(x: Any) -> Any:
+    """What an op's output size can depend on: tensors by dtype, shape and strides (a meta kernel never reads
+    values), everything else by value."""
+    if isinstance(x, torch.Tensor):
+        return x.dtype, tuple(x.shape), x.stride()
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(v) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _signature(v)) for k, v in x.items())
+    simple = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+    return x if isinstance(x, simple) else repr(x)
+
+
+def _meta_bytes(func: Any, args: tuple, kwargs: dict) -> int | None:
+    """``func`` run on meta copies of its arguments: the bytes of its outputs, or ``None`` when it cannot run so."""
+
+    def meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+        return torch.device("meta") if isinstance(x, torch.device) else x
+
+    kwargs = {**kwargs, "device": "meta"} if "device" in kwargs else kwargs
+    try:
+        with _disable_current_modes():
+            out = func(*tree_map(meta, args), **tree_map(meta, kwargs))
+    except Exception:  # no meta kernel, or data-dependent: the op runs and the limit checks its outputs after it
+        return None
+    return sum(t.untyped_storage().nbytes() for t in _tensor_leaves(out))
+
+
 class MemoryLimit(LiveTensorTracker):
     """A ``LiveTensorTracker`` that refuses to count past ``limit`` bytes: the allocation that would pass it raises,
     and is never counted — ``torch.OutOfMemoryError`` with CUDA's wording (a device), or ``LimitReached`` (a probe's
     share, ``device=False``). Nested inside another tracker it limits only what is allocated while it is active.
     After the error, ``release`` frees what the failed step held.
+
+    A probe's limit (``device=False``) refuses an op before it runs when its outputs, computed on meta tensors
+    (``output_bytes``), would pass the limit: the bound a probe obeys then holds also for every tracker around it —
+    the device, or an exact tracker around planning — since the allocation never happens. Only an op meta cannot
+    size (data-dependent shapes: ``nonzero``, boolean indexing, small in every task's loss) is checked after it ran.
     """
 
     def __init__(self, limit: int, name: str = "memory limit", device: bool = True) -> None:
         super().__init__()
         self.limit, self.name, self.device = int(limit), name, device
 
-    def _add(self, st: torch.UntypedStorage) -> None:
-        nbytes = st.nbytes()
+    def _refuse(self, nbytes: int) -> None:
         if self.current + nbytes > self.limit:
             what = f"Tried to allocate {_mib(nbytes)}. {self.name} of {_mib(self.limit)} has " \
                    f"{_mib(self.limit - self.current)} free ({_mib(self.current)} allocated)"
             raise torch.OutOfMemoryError(f"CUDA out of memory. {what}") if self.device else LimitReached(what)
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        self._refuse(st.nbytes())
         super()._add(st)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not self.device and (need := output_bytes(func, args, kwargs or {})):
+            self._refuse(need)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 class SimulatedDevice(MemoryLimit):

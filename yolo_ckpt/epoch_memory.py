@@ -40,6 +40,7 @@ import torch
 from ultralytics.utils import LOGGER, colorstr
 
 from .device import simulated_device
+from .distributed import gather
 from .memory import GB, LiveTensorTracker, cuda_peaks, cuda_reset_peak, reset_rss_peak, rss_peak
 
 SOURCES: dict[str, tuple[tuple[str, ...], str]] = {  # source -> (results.csv columns, what the console line says)
@@ -160,14 +161,38 @@ def start_epoch_memory(trainer: Any) -> None:
 
 
 def stop_epoch_memory(trainer: Any) -> None:
-    """``on_train_epoch_end``: keep the epoch's peaks for results.csv and the loggers, and print them."""
+    """``on_train_epoch_end``: keep the epoch's peaks for results.csv and the loggers, and print them.
+
+    Under DDP (every rank runs this event) each rank measures its own process and device; results.csv and the loggers
+    get the maximum over ranks, the rank that runs out first, and the console line names it.
+    """
     meter = trainer.memory_meter
     measured = meter.stop() if meter is not None else {}
     keys = meter.keys if meter is not None else ()
-    trainer.epoch_memory = {k: measured.get(k, math.nan) for k in keys}  # fixed columns; NaN = not measured
-    if measured:
+    own = {k: measured.get(k, math.nan) for k in keys}  # fixed columns; NaN = not measured
+    ranks = gather(own)
+    trainer.epoch_memory_own = own
+    trainer.epoch_memory, top = most_of(ranks, keys)
+    if any(math.isfinite(v) for v in trainer.epoch_memory.values()):
         values = "/".join(f"{v:.3f}" for v in trainer.epoch_memory.values())
-        LOGGER.info(f"{PREFIX} epoch {trainer.epoch + 1} peak {values} GB {meter.description}")
+        where = f", rank {top} of {len(ranks)} (the most; ranks {rank_values(ranks, keys)})" if len(ranks) > 1 else ""
+        LOGGER.info(f"{PREFIX} epoch {trainer.epoch + 1} peak {values} GB {meter.description}{where}")
+
+
+def most_of(ranks: list[dict[str, float]], keys: tuple[str, ...]) -> tuple[dict[str, float], int]:
+    """Each column's maximum over ranks (NaN where no rank measured it), and the rank holding the first column's."""
+    def value(r: int, k: str) -> float:
+        v = ranks[r].get(k, math.nan)
+        return v if math.isfinite(v) else -math.inf
+
+    best = {k: max(range(len(ranks)), key=lambda r: value(r, k)) for k in keys}
+    peaks = {k: ranks[r].get(k, math.nan) if math.isfinite(value(r, k)) else math.nan for k, r in best.items()}
+    return peaks, (best[keys[0]] if keys else 0)
+
+
+def rank_values(ranks: list[dict[str, float]], keys: tuple[str, ...]) -> str:
+    """``0.103, 1.234``: the first column of every rank, in rank order."""
+    return ", ".join(f"{r.get(keys[0], math.nan):.3f}" for r in ranks) if keys else ""
 
 
 def close_epoch_memory(trainer: Any) -> None:

@@ -3,7 +3,7 @@
 Every figure of the project comes from here: the step the trainer runs, on a copy of the model with a plan installed
 (``planned_copy``: steps move BatchNorm statistics, so the training model never runs), on a deterministic batch in the
 format of the model's task (``training_batch``), with exact tensor accounting (``LiveTensorTracker``),
-``FlopCounterMode`` (convolutions and matmuls, recompute included) and wall-clock time.
+``FlopCount`` (convolutions and matmuls, recompute included) and wall-clock time.
 
 Memory is counted the way planning compares it with a target:
 
@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from .device import LimitReached, MemoryLimit, is_oom, release
 from .memory import LiveTensorTracker
@@ -197,17 +198,34 @@ def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_
     return None
 
 
-def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> int:
-    """Convolution/matmul FLOPs of one training step, recompute included (``FlopCounterMode``).
+class FlopCount(TorchDispatchMode):
+    """Convolution/matmul FLOPs of every op that runs while active, by torch's own formulas (``flop_registry``, the
+    ones ``FlopCounterMode`` sums), keeping no tensor alive: each op runs unchanged, so memory is the plain step's.
 
-    Counted in a step of its own: the counter keeps tensors alive that checkpointing frees, so memory is measured
-    without it.
+    Attributes:
+        flops (int): FLOPs counted so far.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        count = flop_registry.get(getattr(func, "_overloadpacket", None))
+        if count is not None:
+            self.flops += count(*args, **kwargs, out_val=out)
+        return out
+
+
+def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> int:
+    """Convolution/matmul FLOPs of one training step, recompute included (``FlopCount``)."""
     model.zero_grad(set_to_none=True)
-    with FlopCounterMode(display=False) as counter:
+    with FlopCount() as counter:
         step_loss(model, batch, amp).backward()
     model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    return counter.flops
 
 
 def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dtype | None = None) -> list[float]:
@@ -251,8 +269,9 @@ class Step:
 def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dtype | None = None) -> Step:
     """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time (see ``measure_peak``
     and ``step_flops``)."""
-    mem = measure_peak(model, batch, amp)
-    flops = step_flops(model, batch, amp)
+    with FlopCount() as counter:  # keeps nothing alive: the step measured is the plain step
+        mem = measure_peak(model, batch, amp)
+    flops = counter.flops
     device = batch["img"].device
     cuda = device.type == "cuda" and repeats > 0
     if cuda:  # the allocator's own peak over the timed steps, on the batch's device, beyond what already lives there

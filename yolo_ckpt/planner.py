@@ -41,12 +41,12 @@ from torch import nn
 from .autobatch import BatchPlan, ProbeRoom, plan_batch, probe_room
 from .device import MemoryLimit, is_oom, release
 from .measure import (
+    FlopCount,
     batch_bytes,
     grad_bytes,
     planned_copy,
     probe_step,
     state_bytes,
-    step_flops,
     step_loss,
     training_batch,
 )
@@ -199,7 +199,7 @@ def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | 
     model.zero_grad(set_to_none=True)
     hooks = []
     tracker = MemoryLimit(limit if limit is not None else 2**62, "device room", device=False)
-    with tracker:
+    with FlopCount() as counter, tracker:
         marks = {}
 
         def mark(m: nn.Module, args: Any, out: Any) -> None:  # backward reaches this output: start the window
@@ -219,8 +219,7 @@ def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | 
                 h.remove()
             model.zero_grad(set_to_none=True)
         window = tracker.peak
-    flops = step_flops(model, batch, amp)
-    return Phases(kept, forward, max(marks.get("bwd", 0), window), window, flops)
+    return Phases(kept, forward, max(marks.get("bwd", 0), window), window, counter.flops)
 
 
 @dataclass(frozen=True)
@@ -263,6 +262,24 @@ class Costs:
         return max(peaks), batch * extra
 
 
+def _unit_phases(model: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torch.dtype | None,
+                 last: int | None) -> Phases | None:
+    """``Phases`` of ``c``'s step at batch 1 on a copy within what the device has free, ``None`` when it does not
+    fit. A function of its own so that the copy is gone when it returns, before the next one is made (a ``with``
+    in a loop keeps the last copy bound to its name until then)."""
+    with c.copy(model) as m:
+        room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
+        data = training_batch(m, imgsz, 1, objects)
+        limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
+        try:
+            return _phases(m, data, amp, last, limit)
+        except RuntimeError as e:
+            if not is_oom(e):
+                raise
+    release(next(model.parameters()).device)  # outside the except block: the traceback no longer holds the step
+    return None
+
+
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
     """Measure the plain step and each unit alone, in each mode, at batch 1 (on copies of the model), each within what
     the device has free.
@@ -277,24 +294,11 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     for unit, mode in [(None, "full"), *itertools.product(units, MODES)]:
         c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head)
         last = stages[unit][-1] if isinstance(unit, int) else None  # the head: its backward starts the step's
-        with c.copy(model) as m:
-            room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
-            data = training_batch(m, imgsz, 1, objects)
-            limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
-            try:
-                costs[(unit, mode)] = _phases(m, data, amp, last, limit)
-            except RuntimeError as e:
-                if not is_oom(e):
-                    raise
-                failed = True
-            else:
-                failed = False
-            del data
-        if failed:
-            release(next(model.parameters()).device)
-            if unit is None:
-                raise ValueError(f"checkpoint_stages=auto: a training step at batch 1, imgsz {imgsz} does not fit "
-                                 f"the device")
+        if (phases := _unit_phases(model, c, imgsz, objects, amp, last)) is not None:
+            costs[(unit, mode)] = phases
+        elif unit is None:
+            raise ValueError(f"checkpoint_stages=auto: a training step at batch 1, imgsz {imgsz} does not fit "
+                             f"the device")
     units = [u for u in units if all((u, mode) in costs for mode in MODES)]
     plain = costs.pop((None, "full"))
     return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head)

@@ -23,3 +23,9 @@ def legend_points(ax: Any, rows: list[dict], x: str, y: str, label: Callable[[di
                    label=label(r))
     ax.margins(0.08)  # no point on the frame
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+
+
+def axes(rows: list[dict], ratios: tuple[str, str, str], absolute: tuple[str, str, str]) -> tuple[str, str, str]:
+    """``(x key, y key, unit suffix)`` of a profile plot: ``ratios`` when the first row (vanilla) was measured, else
+    ``absolute`` (vanilla did not fit the device, so there is nothing to divide by)."""
+    return ratios if rows and rows[0].get(ratios[1]) is not None else absolute

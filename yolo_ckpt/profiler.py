@@ -1,8 +1,11 @@
 """Report what checkpointing buys: per-stage saved bytes and recompute FLOPs, per-plan peak memory and step time.
 
 Every figure is measured on a real training step — ``model.loss(batch)`` forward and backward, the step the trainer
-runs — with exact tensor accounting (``LiveTensorTracker``), ``FlopCounterMode`` (convolutions and matmuls, recompute
-included) and wall-clock time, checkpointed and vanilla side by side in one process.
+runs — with exact tensor accounting (``LiveTensorTracker``), FLOPs counted as ``FlopCounterMode`` counts them
+(convolutions and matmuls, recompute included) and wall-clock time, checkpointed and vanilla side by side in one
+process. On a GPU or a simulated one (``simulate_gpu=``) every step runs within what the device has free
+(``yolo_ckpt.fitting``): a plan whose step does not fit is reported so (``fits`` false, no figures), and when vanilla
+does not fit, nothing is given as a ratio to it.
 
 Example:
     >>> from yolo_ckpt.measure import build_model
@@ -16,59 +19,61 @@ from __future__ import annotations
 
 import csv
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .measure import measure_step, planned_copy, step_loss, time_steps, training_batch, with_plan
-from .model import disable_checkpointing
-from .plots import legend_points
+from .fitting import fitting_step, mib, plan_step, ratio, time_plans
+from .measure import measure_peak, planned_copy, step_loss, training_batch
+from .plots import axes, legend_points
 from .stages import CheckpointPlan, model_stages
 
 
 def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int = 3,
                   progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
-    """Measure each plan's training step side by side; ratios are to the first plan (vanilla).
+    """Measure each plan's training step, one copy at a time; ratios are to the first plan (vanilla).
 
     A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode[, checkpoint_layers])``
     tuple.
 
-    Memory and FLOPs are exact per plan; step times are medians of ``repeats`` interleaved rounds (``time_steps``);
-    ``amp`` is the forward's autocast dtype (``None``: full precision).
+    Memory and FLOPs are exact per plan, each step within what the device has free (``fitting.fitting_step``); step
+    times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``); ``amp`` is the forward's autocast
+    dtype (``None``: full precision).
 
     Returns:
-        (list[dict]): One row per plan: name, stages, peak/FLOP/time figures and ratios to the first plan.
+        (list[dict]): One row per plan: name, stages, ``fits``, peak/FLOP/time figures and ratios to the first plan.
+        A plan whose step does not fit the device has ``fits`` false and no figures; when the first plan does not
+        fit, no row has ratios.
     """
     from ultralytics.utils import TQDM
 
-    data = training_batch(model, imgsz, batch)
     plans = {name: spec if isinstance(spec, tuple) else (spec, "full") for name, spec in plans.items()}
-    models = {name: with_plan(model, *spec) for name, spec in plans.items()}
-    items = TQDM(models.items(), desc="plans", total=len(models)) if progress else models.items()
-    steps = {name: measure_step(m, data, repeats=1, amp=amp) for name, m in items}  # a timed step warms up too
-    seconds = time_steps(list(models.values()), data, repeats, amp)
-    for m in models.values():
-        disable_checkpointing(m)
-    del models
+    items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
+    fits = {name: plan_step(model, spec, imgsz, batch, amp) for name, spec in items}
+    measured = [name for name, fit in fits.items() if fit is not None]
+    seconds = dict(zip(measured, time_plans(model, [plans[n] for n in measured], imgsz, batch, repeats, amp)))
+    first = next(iter(fits))
+    base, base_s = fits[first], seconds.get(first)
     rows = []
-    base, base_s = steps[next(iter(steps))], seconds[0]
-    for (name, step), s in zip(steps.items(), seconds):
+    for name, fit in fits.items():
+        peak, flops, cuda = (fit.peak_bytes, fit.flops, fit.cuda_peak_bytes) if fit else (None, None, None)
         rows.append({
             "plan": name,
             "stages": CheckpointPlan.from_spec(model, plans[name][0]).stages,
             "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:]).layer_regions,
             "mode": plans[name][1],
-            "peak_MiB": round(step.peak_bytes / 2**20, 1),
-            "GFLOPs": round(step.flops / 1e9, 2),
-            "step_s": round(s, 4),
-            "peak_ratio": round(step.peak_bytes / base.peak_bytes, 3),
-            "flops_ratio": round(step.flops / base.flops, 3),
-            "time_ratio": round(s / base_s, 3) if base_s else None,
-            **({"cuda_peak_MiB": round(step.cuda_peak_bytes / 2**20, 1),
-                "cuda_peak_ratio": round(step.cuda_peak_bytes / base.cuda_peak_bytes, 3)}
-               if step.cuda_peak_bytes else {}),
+            "fits": fit is not None,
+            "peak_MiB": mib(peak),
+            "GFLOPs": None if flops is None else round(flops / 1e9, 2),
+            "step_s": None if name not in seconds else round(seconds[name], 4),
+            "peak_ratio": ratio(peak, base and base.peak_bytes),
+            "flops_ratio": ratio(flops, base and base.flops),
+            "time_ratio": ratio(seconds.get(name), base_s),
+            **({"cuda_peak_MiB": mib(cuda), "cuda_peak_ratio": ratio(cuda, base and base.cuda_peak_bytes)}
+               if cuda else {}),
         })
     return rows
 
@@ -97,6 +102,26 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
     return {k: sum(v.values()) for k, v in saved.items()}
 
 
+def _stage_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None, stage: int | None = None,
+                end: int | None = None) -> tuple[int, int, list | None] | None:
+    """``(FLOPs, bytes kept after forward, output shape of layer end)`` of a step of ``model`` (of a copy with only
+    ``stage`` checkpointed, gone when it returns: see ``fitting.plan_step``), or ``None`` when it does not fit the
+    device: a bounded step (``fitting_step``) first, then the step again on a batch of the same size — in the memory
+    the first had, so it fits — for what it keeps after forward."""
+    with planned_copy(model, [stage]) if stage is not None else nullcontext(model) as m:
+        fit = fitting_step(m, imgsz, batch, amp)
+        if fit is None:
+            return None
+        shapes: list[list[int]] = []
+        hook = None if end is None else m.model[end].register_forward_hook(lambda _, i, o: shapes.append(list(o.shape)))
+        try:
+            kept = measure_peak(m, training_batch(m, imgsz, batch), amp).saved
+        finally:
+            if hook is not None:
+                hook.remove()
+        return fit.flops, kept, shapes[0] if shapes else None
+
+
 def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False,
                    amp: torch.dtype | None = None) -> list[dict]:
     """Per backbone stage: layers, output shape, bytes kept for backward with and without checkpointing, FLOPs.
@@ -104,32 +129,30 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
     Without checkpointing, a stage keeps what its ops save for backward (``saved_tensors_hooks``). Checkpointed, it
     keeps that minus what checkpointing frees, the drop in exact live tensor bytes after forward when this stage alone
     is checkpointed. Recompute FLOPs are the extra FLOPs of that step.
+
+    Every step runs within what the device has free (``fitting.fitting_step``). The figures compare two steps,
+    vanilla's and the stage's: where either does not fit the device, ``fits`` is false and they are ``None``.
     """
     from ultralytics.utils import TQDM
 
-    data = training_batch(model, imgsz, batch)
     stages = model_stages(model)
-    shapes = {}
-    ends = [model.model[layers[-1]] for layers in stages.values()]
-    hooks = [m.register_forward_hook(lambda m, i, o: shapes.__setitem__(m.i, tuple(o.shape))) for m in ends]
-    base = measure_step(model, data, repeats=0, amp=amp)
-    for h in hooks:
-        h.remove()
-    saved = _saved_per_stage(model, data, stages)
+    base = _stage_step(model, imgsz, batch, amp)
+    # A forward that keeps nothing it saves: it fits wherever vanilla's whole step fit.
+    saved = _saved_per_stage(model, training_batch(model, imgsz, batch), stages) if base else {}
     model.zero_grad(set_to_none=True)
     rows = []
     for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
-        with planned_copy(model, [k]) as m:
-            step = measure_step(m, data, repeats=0, amp=amp)
-        freed = base.saved_bytes - step.saved_bytes
+        step = _stage_step(model, imgsz, batch, amp, k, stages[k][-1])
+        both = base is not None and step is not None
         rows.append({
             "stage": k,
             "layers": list(stages[k]),
             "modules": [type(model.model[i]).__name__ for i in stages[k]],
-            "output_shape": list(shapes[stages[k][-1]]),
-            "saved_MiB_vanilla": round(saved[k] / 2**20, 2),
-            "saved_MiB_checkpointed": round((saved[k] - freed) / 2**20, 2),
-            "recompute_GFLOPs": round((step.flops - base.flops) / 1e9, 3),
+            "output_shape": step[2] if step else None,
+            "fits": both,
+            "saved_MiB_vanilla": mib(saved.get(k), 2),
+            "saved_MiB_checkpointed": mib(saved[k] - (base[1] - step[1]), 2) if both else None,
+            "recompute_GFLOPs": round((step[0] - base[0]) / 1e9, 3) if both else None,
         })
     return rows
 
@@ -169,8 +192,10 @@ def write_profile(save_dir: Path, stages: list[dict], plans: list[dict], extra: 
             writer.writeheader()
             writer.writerows(rows)
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    legend_points(ax, plans, "time_ratio", "peak_ratio", lambda r: r["plan"])
-    ax.set(xlabel="step time / vanilla", ylabel="peak live tensor bytes / vanilla", title="checkpointing trade-off")
+    x, y, unit = axes(plans, ("time_ratio", "peak_ratio", " / vanilla"), ("step_s", "peak_MiB", ""))
+    legend_points(ax, [r for r in plans if r[x] is not None and r[y] is not None], x, y, lambda r: r["plan"])
+    ax.set(xlabel=f"step time{unit or ' (s)'}", ylabel=f"peak live tensor bytes{unit or ' (MiB)'}",
+           title="checkpointing trade-off" + ("" if unit else " (vanilla does not fit the device)"))
     ax.grid(alpha=0.3)
     fig.savefig(paths[3], dpi=150, bbox_inches="tight")
     plt.close(fig)

@@ -6,6 +6,10 @@ peak memory against recompute FLOPs, with the plan ``checkpoint_stages=auto`` wo
 how large the images can be at a given batch ("how large can my scans be at batch 8 on a 24 GB GPU?"), and how much
 memory no plan can save: the model state and the loss with its assigner, which grows with objects per image.
 
+On a GPU or a simulated one (``simulate_gpu=``) every step runs within what the device has free
+(``yolo_ckpt.fitting``): a plan whose step does not fit has ``fits`` false and no figures, the front is of the plans
+that fit, and auto's choice is ``choose_plan``'s on that device.
+
 Example:
     >>> from yolo_ckpt.measure import build_model
     >>> rows = measure_candidates(build_model("yolov8n.yaml"), imgsz=128, batch=2)
@@ -21,176 +25,221 @@ import torch
 from torch import nn
 
 from .autobatch import parse_memory
-from .measure import (
-    batch_bytes,
-    grad_bytes,
-    planned_copy,
-    state_bytes,
-    step_bytes,
-    step_flops,
-    time_steps,
-    training_batch,
-    weight_bytes,
-    with_plan,
-)
-from .model import disable_checkpointing
-from .planner import Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
-from .plots import legend_points
+from .device import device_memory
+from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
+from .measure import batch_bytes, grad_bytes, planned_copy, state_bytes, training_batch, weight_bytes
+from .memory import LiveTensorTracker
+from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
+from .plots import axes, legend_points
 
 
-def _row(c: Candidate | None, nbytes: int, flops: int, base: tuple[int, int]) -> dict:
-    settings = c.settings if c else {"checkpoint_stages": [], "checkpoint_layers": [], "checkpoint_mode": "full"}
-    return {"plan": describe(c) if c else "none", **settings, "step_bytes": nbytes, "flops": flops,
-            "step_MiB": round(nbytes / 2**20, 1),
-            "peak_ratio": round(nbytes / base[0], 4), "flops_ratio": round(flops / base[1], 4),
-            "predicted_MiB": round((c.predicted_bytes if c else nbytes) / 2**20, 1)}
+def _row(c: Candidate, fit: Fit | None) -> dict:
+    """A candidate's row; its ratios are filled in once vanilla's row is known (``_ratios``)."""
+    return {"plan": describe(c), **c.settings, "fits": fit is not None,
+            "step_bytes": fit.step_bytes if fit else None, "flops": fit.flops if fit else None,
+            "step_MiB": mib(fit.step_bytes) if fit else None, "peak_ratio": None, "flops_ratio": None,
+            "predicted_MiB": mib(c.predicted_bytes)}
 
 
-def _copy(model: nn.Module, row: dict):
-    """A copy of ``model`` with ``row``'s plan installed, for a ``with`` block."""
-    return planned_copy(model, row["checkpoint_stages"], row["checkpoint_mode"], row["checkpoint_layers"] or None)
+def _ratios(rows: list[dict]) -> None:
+    """Ratios to vanilla (``rows[0]``) of step bytes and FLOPs, both measured; none when vanilla did not fit."""
+    for r in rows:
+        r["peak_ratio"] = ratio(r["step_bytes"], rows[0]["step_bytes"], 4)
+        r["flops_ratio"] = ratio(r["flops"], rows[0]["flops"], 4)
+
+
+def _spec(row: dict) -> tuple:
+    """``row``'s plan as ``planned_copy``/``time_plans`` take it."""
+    return row["checkpoint_stages"], row["checkpoint_mode"], row["checkpoint_layers"] or None
 
 
 def pareto(rows: list[dict]) -> list[dict]:
-    """Mark ``row["pareto"]``: no other plan keeps at most as many bytes for at most as many FLOPs, one of them fewer
-    (of plans equal in both, the first listed — the cheaper by prediction — stands for them)."""
+    """Mark ``row["pareto"]``: a measured plan (one that fit the device) that no other keeps at most as many bytes for
+    at most as many FLOPs, one of them fewer (of plans equal in both, the first listed — the cheaper by prediction —
+    stands for them)."""
     for i, r in enumerate(rows):
         key = (r["step_bytes"], r["flops"])
-        r["pareto"] = not any(o["step_bytes"] <= key[0] and o["flops"] <= key[1]
-                              and ((o["step_bytes"], o["flops"]) != key or j < i) for j, o in enumerate(rows) if j != i)
+        r["pareto"] = r["fits"] and not any(o["fits"] and o["step_bytes"] <= key[0] and o["flops"] <= key[1]
+                                            and ((o["step_bytes"], o["flops"]) != key or j < i)
+                                            for j, o in enumerate(rows) if j != i)
     return rows
 
 
 def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None = None,
                        repeats: int = 1, costs: Costs | None = None, measured: dict | None = None) -> list[dict]:
-    """Every candidate plan of ``checkpoint_stages=auto`` measured at ``batch`` and ``imgsz`` on copies of the model.
+    """Every candidate plan of ``checkpoint_stages=auto`` measured at ``batch`` and ``imgsz`` on copies of the model,
+    one copy at a time, each step within what the device has free (``fitting.fitting_step``).
 
-    ``costs`` are the model's ``unit_costs`` when already measured; ``measured`` is filled as ``choose_plan`` fills
-    it, so that choosing afterwards measures nothing again.
+    ``costs`` are the model's ``unit_costs`` when already measured. ``measured`` is filled as ``choose_plan`` fills
+    it, so that choosing afterwards measures nothing again — only without a device limit: on a device these steps are
+    bounded by the device alone, ``choose_plan``'s also by the share (and extrapolated past a device smaller than it),
+    so on a device ``choose_plan`` measures its own.
 
     Returns:
-        (list[dict]): One row per plan, vanilla first: settings, step bytes (model state, batch and exact step peak,
-        as planning counts them), ratios to vanilla of the step bytes and of FLOPs (both measured), the predicted
-        bytes, the Pareto flag, and for Pareto plans the measured step time ratio (median of ``repeats``).
+        (list[dict]): One row per plan, vanilla first: settings, ``fits`` (its step fit the device), step bytes (model
+        state, batch and exact step peak, as planning counts them) and FLOPs, their ratios to vanilla's (only where
+        both were measured), the predicted bytes, the Pareto flag (measured plans only), and for Pareto plans (and
+        vanilla) the measured step time ``step_s`` (median of ``repeats``) and its ratio to vanilla's.
     """
     costs = costs or unit_costs(model, imgsz, amp=amp)
-    measured = {} if measured is None else measured
-    data = training_batch(model, imgsz, batch)
+    share = measured is not None and device_memory(next(model.parameters()).device) is None
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
     rows: list[dict] = []
-    base = (0, 0)
     for c in [vanilla(costs, batch, fixed), *candidates(costs, batch, fixed)]:
-        with c.copy(model) as m:
-            measured[c.units, c.mode, batch] = step_bytes(m, imgsz, batch, amp=amp)
-            nbytes, flops = measured[c.units, c.mode, batch], step_flops(m, data, amp)
-        if not rows:
-            base = (nbytes, flops)
-        rows.append(_row(c if c.units else None, nbytes, flops, base))
+        fit = plan_step(model, (c.settings["checkpoint_stages"], c.mode, c.layers), imgsz, batch, amp)
+        if share:
+            measured[c.units, c.mode, batch] = fit.step_bytes
+        rows.append(_row(c, fit))
+    _ratios(rows)
     pareto(rows)
     front = [r for r in rows if r["pareto"]]
-    models = [with_plan(model, r["checkpoint_stages"], r["checkpoint_mode"], r["checkpoint_layers"] or None)
-              for r in [rows[0], *front]]
-    seconds = time_steps(models, data, max(repeats, 1), amp)
-    for m in models:
-        disable_checkpointing(m)
-    for r, s in zip(front, seconds[1:]):
-        r["time_ratio"] = round(s / seconds[0], 3)
+    timed = [*([rows[0]] if rows[0]["fits"] and not rows[0]["pareto"] else []), *front]
+    for r, s in zip(timed, time_plans(model, [_spec(r) for r in timed], imgsz, batch, max(repeats, 1), amp)):
+        r["step_s"] = round(s, 4)
+    for r in front:
+        if (t := ratio(r["step_s"], rows[0].get("step_s"))) is not None:
+            r["time_ratio"] = t
     return rows
 
 
 def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: int, stride: int = 32,
-                  amp: torch.dtype | None = None) -> int:
+                  amp: torch.dtype | None = None) -> int | None:
     """The largest multiple of ``stride`` whose step with ``row``'s plan at ``batch`` is predicted to fit ``target``.
 
-    Measured at ``imgsz`` and ``imgsz // 2``: the bytes beyond the model state grow as ``a + b * pixels`` (activations,
-    the batch and the loss's anchors all scale with pixels), solved for the target. A prediction, not a measurement
-    at that size: on a GPU, confirm with a run.
+    Measured at the two largest of ``imgsz``, ``imgsz // 2``, ``imgsz // 4``, ... (multiples of ``stride``) whose
+    steps fit the device, each within what it has free (``fitting.fitting_step``): the bytes beyond the model state
+    grow as ``a + b * pixels`` (activations, the batch and the loss's anchors all scale with pixels), solved for the
+    target. A prediction, not a measurement at that size: on a GPU, confirm with a run. A size whose step did not fit
+    a device that holds the target bounds the prediction from above.
+
+    Returns:
+        (int | None): The size (0: not even the smallest fits ``target``), or ``None`` when fewer than two sizes fit
+        the device, so there is nothing to predict from.
     """
-    with _copy(model, row) as m:
-        static = state_bytes(m)
-        small = max(imgsz // 2 // stride * stride, stride)
-        y1, y2 = (step_bytes(m, s, batch, amp=amp) - static for s in (small, imgsz))
-    b = (y2 - y1) / (imgsz**2 - small**2)
-    a = y2 - b * imgsz**2
+    sizes = [imgsz]
+    while (half := max(sizes[-1] // 2 // stride * stride, stride)) < sizes[-1]:
+        sizes.append(half)
+    with planned_copy(model, *_spec(row)) as m:
+        static, room, points, over = state_bytes(m), device_room(m), [], None
+        for s in sizes:
+            if (fit := fitting_step(m, s, batch, amp)) is not None:
+                points.append((s, fit.step_bytes - static))
+            else:
+                over = s
+            if len(points) == 2:
+                break
+    if len(points) < 2:
+        return None
+    (x2, y2), (x1, y1) = points
+    b = (y2 - y1) / (x2**2 - x1**2)
+    a = y2 - b * x2**2
     if target <= static + a or b <= 0:
         return 0
-    return int(math.sqrt((target - static - a) / b)) // stride * stride
+    size = int(math.sqrt((target - static - a) / b)) // stride * stride
+    if over is not None and room is not None and target <= room:  # what the device did not hold, the target cannot
+        size = min(size, (over - 1) // stride * stride)
+    return size
 
 
 def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int | None = None,
               fraction: float = 0.6, amp: torch.dtype | None = None) -> dict:
     """What ``yolo-ckpt profile`` reports beyond its fixed plans: every candidate plan with its Pareto flag; with
-    ``memory_budget``, auto's choice for ``fraction`` of it and the largest imgsz each Pareto plan (and vanilla) fits
-    at this batch; the memory no plan changes.
+    ``memory_budget``, auto's choice for ``fraction`` of it (``choose_plan``, on the device the profile runs on) and
+    the largest imgsz each Pareto plan (and vanilla) fits at this batch; the memory no plan changes.
 
     Returns:
         (dict): ``candidates`` (rows of ``measure_candidates``), ``untouchable``, ``notes`` (lines for the log) and
         ``chosen`` (auto's row, or ``None``).
     """
-    costs, measured = unit_costs(model, imgsz, amp=amp), {}
+    dev = device_memory(next(model.parameters()).device)
+    try:
+        costs = unit_costs(model, imgsz, amp=amp)
+    except ValueError as e:  # not even vanilla's batch-1 step fits the device: there is nothing to plan from
+        return {"candidates": [], "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": [str(e)],
+                "chosen": None}
+    measured: dict = {}
     rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, measured=measured)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
+    if dev is not None:
+        notes.append(f"{sum(r['fits'] for r in rows)} of {len(rows)} plans fit the {dev.name} at imgsz={imgsz} "
+                     f"batch={batch}; the others are reported with fits=False and no figures")
+    if not rows[0]["fits"]:
+        notes.append(f"vanilla does not fit the {dev.name} (predicted {rows[0]['predicted_MiB']} MiB): no figure is "
+                     f"given as a ratio to it")
     if memory_budget is not None:
         target = int(fraction * parse_memory(memory_budget))
         try:
-            c = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs, measured=measured).candidate
+            choice = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs, measured=measured)
+            c = choice.candidate
             chosen = next(r for r in rows if r["plan"] == describe(c) and r["checkpoint_mode"] == c.mode)
             chosen["auto"] = True
+            where = f" on the {dev.name}" + (" (extrapolated from batches it holds)" if choice.extrapolated else "") \
+                if dev is not None else ""
             notes.append(f"checkpoint_stages=auto chooses {chosen['plan']} for {fraction:.0%} of "
-                         f"memory_budget={memory_budget} at imgsz={imgsz} batch={batch}")
+                         f"memory_budget={memory_budget} at imgsz={imgsz} batch={batch}{where}")
         except ValueError as e:
             notes.append(str(e))
         for r in rows:
             if r["pareto"] or r is rows[0]:  # vanilla too, for comparison
                 r["largest_imgsz"] = largest_imgsz(model, r, batch, target, imgsz, amp=amp)
-                notes.append(f"{r['plan']}: imgsz up to {r['largest_imgsz']} at batch {batch} (predicted)")
+                notes.append(f"{r['plan']}: imgsz up to {r['largest_imgsz']} at batch {batch} (predicted)"
+                             if r["largest_imgsz"] is not None else
+                             f"{r['plan']}: no prediction of its largest imgsz (fewer than two image sizes at "
+                             f"batch {batch} fit the device)")
     return {"candidates": rows, "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": notes,
             "chosen": chosen}
+
+
+def _loss_peak(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None) -> int:
+    """Exact peak of ``model.loss`` on given predictions, at ``objects`` per image."""
+    data = training_batch(model, imgsz, batch, objects)
+    with torch.autocast(data["img"].device.type, dtype=amp, enabled=amp is not None):
+        preds = model(data["img"])
+        with LiveTensorTracker() as tracker:
+            model.loss(data, preds)[0].sum()
+    return tracker.peak
 
 
 def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ...] = (10, 50, 200),
                 amp: torch.dtype | None = None) -> list[dict]:
     """Memory no checkpoint plan changes: model state (weights, gradients, EMA, two AdamW moments) and the loss with
-    its assigner, measured (exact peak of ``model.loss`` on given predictions) at several objects per image."""
-    from .memory import LiveTensorTracker
-
+    its assigner, measured (exact peak of ``model.loss`` on given predictions) at several objects per image, each
+    forward and loss within what the device has free (``fitting.within_device``: ``MiB`` is ``None`` where they do
+    not fit). The predictions come from the whole network checkpointed, which keeps the least until the loss: the
+    loss runs the same ops on the same predictions as after a plain forward, so its figure is the same."""
     weights, grads = weight_bytes(model), grad_bytes(model)
-    rows = [{"what": "weights", "MiB": weights / 2**20}, {"what": "gradients", "MiB": grads / 2**20},
-            {"what": "EMA copy", "MiB": weights / 2**20},
-            {"what": "optimizer (AdamW, 2 moments)", "MiB": 2 * grads / 2**20}]
-    with planned_copy(model) as plain:
+    rows = [{"what": "weights", "MiB": weights}, {"what": "gradients", "MiB": grads},
+            {"what": "EMA copy", "MiB": weights}, {"what": "optimizer (AdamW, 2 moments)", "MiB": 2 * grads}]
+    with planned_copy(model, "all", "full", HEAD) as least:
         for n in objects:
-            data = training_batch(plain, imgsz, batch, n)
-            with torch.autocast(data["img"].device.type, dtype=amp, enabled=amp is not None):
-                preds = plain(data["img"])
-                with LiveTensorTracker() as tracker:
-                    plain.loss(data, preds)[0].sum()
-            rows.append({"what": f"loss + assigner, {n} objects per image", "MiB": tracker.peak / 2**20})
-            del preds
+            peak = within_device(least, lambda n=n: _loss_peak(least, imgsz, batch, n, amp))
+            rows.append({"what": f"loss + assigner, {n} objects per image", "MiB": peak})
     for r in rows:
-        r["MiB"] = round(r["MiB"], 1)
+        r["MiB"] = mib(r["MiB"])
     return rows
 
 
 def plot_front(rows: list[dict], path, chosen: dict | None = None) -> None:
-    """Peak memory against FLOPs for every plan, the Pareto front joined and labelled, ``chosen`` ringed."""
+    """Memory against FLOPs for every measured plan (ratios to vanilla; absolute when vanilla did not fit the
+    device), the Pareto front joined and labelled, ``chosen`` ringed where it was measured."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    x, y, unit = axes(rows, ("flops_ratio", "peak_ratio", " / vanilla"), ("flops", "step_MiB", ""))
+    rows = [r for r in rows if r["fits"]]
     fig, ax = plt.subplots(figsize=(7, 5))
-    ax.scatter([r["flops_ratio"] for r in rows], [r["peak_ratio"] for r in rows], s=12, color="tab:gray",
-               label="candidate plans")
-    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["flops_ratio"])
-    ax.plot([r["flops_ratio"] for r in front], [r["peak_ratio"] for r in front], "-", color="tab:blue",
-            label="Pareto front")
-    if chosen:
-        ax.scatter([chosen["flops_ratio"]], [chosen["peak_ratio"]], s=160, facecolors="none", edgecolors="tab:red",
-                   linewidths=2, label=f"auto: {chosen['plan']}")
-    legend_points(ax, front, "flops_ratio", "peak_ratio",
+    ax.scatter([r[x] for r in rows], [r[y] for r in rows], s=12, color="tab:gray", label="candidate plans")
+    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r[x])
+    ax.plot([r[x] for r in front], [r[y] for r in front], "-", color="tab:blue", label="Pareto front")
+    if chosen and chosen["fits"]:
+        ax.scatter([chosen[x]], [chosen[y]], s=160, facecolors="none", edgecolors="tab:red", linewidths=2,
+                   label=f"auto: {chosen['plan']}")
+    legend_points(ax, front, x, y,
                   lambda r: r["plan"] + (f" ({r['time_ratio']:.2f}x time)" if "time_ratio" in r else ""))
-    ax.set(xlabel="FLOPs / vanilla", ylabel="step memory / vanilla", title="checkpoint plans: memory vs recompute")
+    ax.set(xlabel=f"FLOPs{unit}", ylabel=f"step memory{unit or ' (MiB)'}",
+           title="checkpoint plans: memory vs recompute" + ("" if unit else " (vanilla does not fit the device)"))
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)

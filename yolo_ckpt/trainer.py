@@ -37,6 +37,7 @@ from ultralytics.utils.torch_utils import unwrap_model
 
 from .autobatch import parse_memory, plan_batch
 from .device import SimulatedDevice, device_memory, release
+from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .escalation import Snapshot, keeps_least, next_plan
 from .families import check_supported
@@ -224,7 +225,7 @@ def skip_frozen_stages(trainer: Any) -> None:
         enable_checkpointing(model, kept, checkpoint_mode(model))
 
 
-WORKER_ERROR = "yolo_ckpt_error.txt"  # a DDP worker's one-line error, for the launching process to raise
+WORKER_ERROR = "yolo_ckpt_error_rank{}.txt"  # each DDP worker's one-line error, for the launching process
 
 
 def new_run_dir(args: Any) -> Path | None:
@@ -242,9 +243,8 @@ def remove_created_dir(trainer: Any) -> None:
 
 
 def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
-    """In a DDP worker: leave the line where the launching process looks (every rank plans alike; rank 0 writes)."""
-    if RANK == 0:
-        (Path(trainer.save_dir) / WORKER_ERROR).write_text(str(error))
+    """In a DDP worker: leave this rank's line where the launching process looks."""
+    (Path(trainer.save_dir) / WORKER_ERROR.format(RANK)).write_text(str(error))
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # a process group left alive aborts the worker at exit
@@ -252,13 +252,21 @@ def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
 
 
 def reported_by_workers(trainer: Any) -> str | None:
-    """In the launching process of DDP: the line a worker reported (the file is removed), or ``None``."""
-    file = Path(trainer.save_dir) / WORKER_ERROR
-    if not trainer.ddp or not file.is_file():
+    """In the launching process of DDP: the line the workers reported (their files are removed), or ``None``.
+
+    Every rank stops with the line rank 0 decided (``_auto_plan`` broadcasts it), so all ranks report one line; where
+    they do not, the line says what each rank reported, and which reported nothing."""
+    files = {r: Path(trainer.save_dir) / WORKER_ERROR.format(r) for r in range(max(trainer.world_size, 1))}
+    lines = {r: f.read_text() for r, f in files.items() if f.is_file()}
+    for f in files.values():
+        f.unlink(missing_ok=True)
+    if not trainer.ddp or not lines:
         return None
-    error = file.read_text()
-    file.unlink()
-    return error
+    if len(set(lines.values())) == 1 and len(lines) == len(files):
+        return next(iter(lines.values()))
+    silent = [r for r in files if r not in lines]
+    return "; ".join([*(f"rank {r}: {line}" for r, line in lines.items()),
+                      *([f"ranks {silent} reported nothing"] if silent else [])])
 
 
 def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "") -> list[str]:
@@ -272,7 +280,7 @@ def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "")
             f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, {measured}"]
 
 
-class CheckpointMixin:
+class CheckpointMixin(DistributedMixin):
     """Hooks that add ``checkpoint_stages`` to an Ultralytics task trainer (listed first among the bases).
 
     - ``check_resume``: the first hook ``BaseTrainer.__init__`` calls once arguments are merged, before it creates the
@@ -291,6 +299,8 @@ class CheckpointMixin:
     - ``on_train_end`` with ``checkpoint_compare``: the run's plan measured against vanilla (``yolo_ckpt.summary``).
     - callbacks (``yolo_ckpt.epoch_memory``), ``save_metrics``, ``plot_metrics``: each epoch's peak memory goes to
       the console, results.csv, Ultralytics' loggers and memory.png; frozen stages are dropped from the plan.
+    - the base ``DistributedMixin`` (``yolo_ckpt.distributed``): under ``torchrun`` the launcher's world size, device
+      and one run directory, on any number of nodes, CUDA or CPU (gloo).
     """
 
     def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: dict | None = None):
@@ -322,7 +332,8 @@ class CheckpointMixin:
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
         self.args.checkpoint_mode = word(self.args.checkpoint_mode)  # what the recompute and args.yaml get
-        self.created_dir = None if self.resume or RANK != -1 else new_run_dir(self.args)
+        # rank 0 of torchrun chose the directory; Ultralytics' own launcher's parent created it for its workers
+        self.created_dir = None if self.resume or RANK > 0 or from_ultralytics_launcher() else new_run_dir(self.args)
 
     def get_dataset(self) -> dict:
         """Ultralytics' dataset check, which looks up its plotting font: offline, give it a local one first (also in
@@ -362,7 +373,8 @@ class CheckpointMixin:
 
         A one-line error of ours that comes once Ultralytics has created the run directory (a plan or batch that
         cannot fit) removes the directory this run created first, so nothing is left behind and the next run keeps
-        its name; a DDP worker hands the line to the launching process instead of a traceback.
+        its name; a worker of Ultralytics' launcher hands the line to the launching process instead of a traceback,
+        and under torchrun every rank raises it (rank 0 decided it) after leaving the process group.
         """
         with ExitStack() as stack:
             if self.args.simulate_gpu is not None:
@@ -374,9 +386,10 @@ class CheckpointMixin:
             try:
                 result = super().train()
             except CheckpointConfigError as e:
-                if RANK != -1:  # a DDP worker: end quietly, the launching process raises the one line
+                if from_ultralytics_launcher():  # a worker: end quietly, the launching process raises the one line
                     report_to_launcher(self, e)
                     return None
+                leave_process_group()  # torchrun: every rank raises the same line (rank 0 decided it)
                 remove_created_dir(self)
                 raise
             except subprocess.CalledProcessError:  # the launching process: a worker that reported a line failed
@@ -421,7 +434,7 @@ class CheckpointMixin:
         ema = self.ema.ema
         disable_checkpointing(ema)
         linked = getattr(ema, "args", None)  # the trainer's args object itself (detect tasks), or none (classify)
-        ours = {k: getattr(self.args, k) for k in CKPT_CFG_DICT}
+        ours = {**{k: getattr(self.args, k) for k in CKPT_CFG_DICT}, **launch_record(self)}  # + world size, resume
         base = {} if linked is None else linked if isinstance(linked, dict) else vars(linked)
         ema.args = IterableSimpleNamespace(**{**base, **ours})  # a snapshot, of the type Ultralytics saves
         try:
