@@ -14,6 +14,7 @@ Usage:
     python benchmarks/memory_table.py --device cuda --amp off fp16   # default on CUDA: AMP off and on
     python benchmarks/memory_table.py --models rtdetr-l.yaml --imgsz 640 --repeats 1   # RT-DETR (built by name)
     python benchmarks/memory_table.py --models rtdetr-l.yaml --shares    # fixed plans only, no auto rows
+    python benchmarks/memory_table.py --models rtdetr-l.yaml --auto-only # vanilla and the auto rows only
 """
 
 import argparse
@@ -41,17 +42,17 @@ def auto_plans(model, imgsz: int, batch: int, amp, shares: list[float]) -> dict:
     fixed = step_bytes(model, imgsz, batch, amp=amp) - peak
     measured = {(None, batch): (fixed + peak, fixed)}  # each plan is measured once for all shares
     plans = {}
-    for share in shares:
+    for share in sorted(shares, reverse=True):  # largest first: a plan that did not fit a share fits no smaller one
         try:
             c = choose_plan(model, imgsz, batch, fixed + int(share * peak), amp=amp, costs=costs,
                             measured=measured).candidate
         except ValueError:
-            plans[f"auto {share:.0%}: nothing fits"] = None
+            plans[share] = (f"auto {share:.0%}: nothing fits", None)
             continue
         s = c.settings
-        plans[f"auto {share:.0%}: {describe(c)}"] = (s["checkpoint_stages"], s["checkpoint_mode"],
-                                                     s["checkpoint_layers"])
-    return plans
+        plans[share] = (f"auto {share:.0%}: {describe(c)}", (s["checkpoint_stages"], s["checkpoint_mode"],
+                                                            s["checkpoint_layers"]))
+    return dict(plans[share] for share in shares)
 
 
 def _key(model, spec) -> tuple:
@@ -62,7 +63,7 @@ def _key(model, spec) -> tuple:
 
 
 def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3,
-          shares: list[float] = SHARES):
+          shares: list[float] = SHARES, fixed_plans: bool = True):
     """Yield the markdown lines of the table (header first), measuring as it goes."""
     cuda = device.startswith("cuda")
     head = "| model | imgsz | batch | AMP | stages | peak MiB | peak ratio | FLOP ratio | step time ratio |"
@@ -73,7 +74,8 @@ def table(models: list[str], sizes: list[int], batch: int, amps: list[str], devi
         for imgsz in sizes:
             for amp in amps:
                 auto = auto_plans(model, imgsz, batch, AMP[amp], shares) if shares else {}  # --shares: none
-                plans = {**PLANS, **{k: v for k, v in auto.items() if v is not None}}
+                fixed = PLANS if fixed_plans else {"none": PLANS["none"]}  # vanilla: the ratios' base
+                plans = {**fixed, **{k: v for k, v in auto.items() if v is not None}}
                 for k in (k for k, v in auto.items() if v is None):
                     yield f"| {name} | {imgsz} | {batch} | {amp} | {k} | | | | |"
                 same = {k: _key(model, v) for k, v in plans.items()}  # an auto choice equal to a fixed plan: once
@@ -99,9 +101,10 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--amp", nargs="+", choices=list(AMP), default=None, help="default: off, plus fp16 on CUDA")
     p.add_argument("--shares", nargs="*", type=float, default=SHARES, help="auto rows: shares of the vanilla peak")
+    p.add_argument("--auto-only", action="store_true", help="vanilla and the auto rows, no other fixed plans")
     a = p.parse_args()
     amps = a.amp or (["off", "fp16"] if a.device.startswith("cuda") else ["off"])
-    for line in table(a.models, a.imgsz, a.batch, amps, a.device, a.repeats, a.shares):
+    for line in table(a.models, a.imgsz, a.batch, amps, a.device, a.repeats, a.shares, not a.auto_only):
         print(line, flush=True)
 
 

@@ -10,13 +10,22 @@ segmentation, and its image channels) and runs the planner's two stages as ``yol
    fits; predictions are within about 10% of measured steps);
 2. with ``--measure``, ``choose_plan`` itself: the measured step at the recipe's batch decides. This holds the whole
    step in host memory (above 10 GB at these sizes for vanilla): run it where that memory exists (a GPU: see
-   ``benchmarks/gpu_check.py``), which is why it is opt-in.
+   ``benchmarks/gpu_check.py``), which is why it is opt-in. With ``--device 6GB`` as well, planning runs on a
+   simulated device of that size, smaller than the budget, as on such a GPU: each candidate's step at the recipe's
+   batch is extrapolated from the batches the device holds (``plan_batch``), and the first in FLOPs order whose
+   step fits decides — ``checkpoint_stages=auto memory_budget=24GB`` on that device;
+3. with ``--confirm``, the plan of stage 1 and vanilla measured at two small batches (the recipe's batch / 8 and
+   twice that) and extended along the line through them to the recipe's batch — memory is linear in the batch, and
+   this is how planning itself extrapolates when the device holds less than the budget (``plan_batch``).
 
 Usage:
     python benchmarks/recipe_plans.py cfg/medical_semantic_2048.yaml cfg/aerial_semantic_1024.yaml --budget 24GB
+    python benchmarks/recipe_plans.py cfg/medical_semantic_2048.yaml --confirm   # measured at batches 1 and 2
+    python benchmarks/recipe_plans.py cfg/aerial_semantic_1024.yaml --measure --device 6GB   # auto on a 6 GB device
 """
 
 import argparse
+import contextlib
 import time
 
 from ultralytics.cfg import get_cfg
@@ -24,7 +33,8 @@ from ultralytics.nn.tasks import DepthModel, SemanticSegmentationModel
 from ultralytics.utils import YAML
 
 from yolo_ckpt.autobatch import parse_memory, state_bytes
-from yolo_ckpt.measure import training_batch
+from yolo_ckpt.device import SimulatedDevice
+from yolo_ckpt.measure import planned_copy, step_bytes, training_batch
 from yolo_ckpt.planner import NothingFits, candidates, choose_plan, describe, unit_costs
 from yolo_ckpt.synthetic import recipe
 
@@ -41,24 +51,54 @@ def recipe_model(cfg: dict):
     return model.float().train()
 
 
-def predicted(model, imgsz: int, batch: int, target: int) -> str:
-    """The cheapest candidate predicted (from batch-1 steps) to fit ``target``, and the plan that keeps the least."""
+def ranked_plans(model, imgsz: int, batch: int):
+    """Stage 1: unit costs at batch 1, the fixed part (model state, the batch) and every candidate at ``batch``,
+    cheapest FLOPs first."""
     costs = unit_costs(model, imgsz)
     data = training_batch(model, imgsz, batch)
     fixed = state_bytes(model) + sum(t.untyped_storage().nbytes() for t in data.values())  # as step_bytes counts
     del data
+    return costs, fixed, candidates(costs, batch, fixed)
+
+
+def predicted(model, imgsz: int, batch: int, target: int) -> str:
+    """The cheapest candidate predicted (from batch-1 steps) to fit ``target``, and the plan that keeps the least."""
+    costs, fixed, ranked = ranked_plans(model, imgsz, batch)
     vanilla = fixed + costs.predict((), "full", batch)[0]
-    ranked = candidates(costs, batch, fixed)
     least = min(ranked, key=lambda c: c.predicted_bytes)
     head = f"vanilla predicted {vanilla / 2**30:.2f} GB of {target / 2**30:.2f} GB"
     if vanilla <= target:
         return f"{head}: auto keeps everything (no plan needed)"
     if (c := next((c for c in ranked if c.predicted_bytes <= target), None)) is None:
         return f"{head}; nothing predicted to fit (least: {describe(least)} {least.predicted_bytes / 2**30:.2f} GB)"
-    base = batch * costs.plain[4]
+    base = batch * costs.plain.flops
     return (f"{head}; cheapest plan predicted to fit: {describe(c)}, predicted {c.predicted_bytes / 2**30:.2f} GB, "
             f"{1 + c.flops / base:.3f}x FLOPs (least-keeping plan {describe(least)}: "
             f"{least.predicted_bytes / 2**30:.2f} GB, {1 + least.flops / base:.3f}x)")
+
+
+def extended_step(model, imgsz: int, batch: int) -> tuple[list[tuple[int, int]], float]:
+    """Step bytes measured at ``batch`` / 8 and ``batch`` / 4 (at least 1 and 2) and extended along the line through
+    them to ``batch``: the measured points and the bytes at ``batch``."""
+    (b1, m1), (b2, m2) = points = [(b, step_bytes(model, imgsz, b)) for b in (max(batch // 8, 1), max(batch // 4, 2))]
+    return points, m2 + (m2 - m1) / (b2 - b1) * (batch - b2)
+
+
+def confirmed(model, imgsz: int, batch: int, target: int) -> str:
+    """Vanilla and stage 1's plan measured at batch/8 and batch/4 (at least 1 and 2), extended to ``batch``."""
+    c = next((c for c in ranked_plans(model, imgsz, batch)[2] if c.predicted_bytes <= target), None)
+    if c is None:
+        return "nothing predicted to fit"
+    parts = []
+    for name, spec in (("vanilla", ((), "full", None)), (describe(c), (c.settings["checkpoint_stages"],
+                                                                       c.settings["checkpoint_mode"],
+                                                                       c.settings["checkpoint_layers"] or None))):
+        with planned_copy(model, *spec) as m:
+            ((b1, m1), (b2, m2)), at = extended_step(m, imgsz, batch)
+        parts.append(f"{name}: measured {m1 / 2**30:.2f} GB at batch {b1}, {m2 / 2**30:.2f} GB at batch {b2} -> "
+                     f"{at / 2**30:.2f} GB at batch {batch} ({'fits' if at <= target else 'does not fit'} "
+                     f"{target / 2**30:.2f} GB)")
+    return "; ".join(parts) + f"; predicted from batch 1: {c.predicted_bytes / 2**30:.2f} GB"
 
 
 def measured(model, imgsz: int, batch: int, target: int) -> str:
@@ -67,9 +107,11 @@ def measured(model, imgsz: int, batch: int, target: int) -> str:
         c = choose_plan(model, imgsz, batch, target)
     except NothingFits as e:
         return str(e)
-    return (f"auto chooses {describe(c.candidate)}, measured {c.measured_bytes / 2**30:.2f} GB of "
+    how = "extrapolated from batches the device holds" if c.extrapolated else "measured"
+    return (f"auto chooses {describe(c.candidate)}, {how} {c.measured_bytes / 2**30:.2f} GB of "
             f"{c.target_bytes / 2**30:.2f} GB, {1 + c.candidate.flops / c.base_flops:.3f}x FLOPs; measured: "
-            + "; ".join(f"{describe(t)} {b / 2**30:.2f} GB" for t, b in c.tried))
+            + "; ".join(f"{describe(t.candidate)} " + ("does not fit" if t.measured is None else
+                                                       f"{t.measured / 2**30:.2f} GB") for t in c.tried))
 
 
 def main() -> None:
@@ -78,15 +120,20 @@ def main() -> None:
     p.add_argument("--budget", default="24GB")
     p.add_argument("--fraction", type=float, default=0.6)
     p.add_argument("--measure", action="store_true", help="run choose_plan: measure at the recipe's batch")
+    p.add_argument("--confirm", action="store_true", help="measure at two small batches, extend to the recipe's")
+    p.add_argument("--device", default=None, help="with --measure: plan on a simulated device of this size")
     a = p.parse_args()
     for path in a.recipes:
         cfg = YAML.load(path)
-        model, t0 = recipe_model(cfg), time.time()
-        target = int(a.fraction * parse_memory(a.budget))
-        line = (measured if a.measure else predicted)(model, cfg["imgsz"], cfg["batch"], target)
-        print(f"{path}: {cfg['model']} imgsz={cfg['imgsz']} batch={cfg['batch']} channels="
-              f"{model.yaml.get('channels', 3)}, {a.fraction:.0%} of {a.budget}: {line} ({time.time() - t0:.0f} s)",
-              flush=True)
+        with SimulatedDevice(parse_memory(a.device)) if a.device else contextlib.nullcontext():
+            model, t0 = recipe_model(cfg), time.time()  # built on the device, as the trainer builds it
+            target = int(a.fraction * parse_memory(a.budget))
+            how = measured if a.measure else confirmed if a.confirm else predicted
+            line, channels = how(model, cfg["imgsz"], cfg["batch"], target), model.yaml.get("channels", 3)
+            del model
+        where = f" on a simulated {a.device} device" if a.device else ""
+        print(f"{path}: {cfg['model']} imgsz={cfg['imgsz']} batch={cfg['batch']} channels={channels}, "
+              f"{a.fraction:.0%} of {a.budget}{where}: {line} ({time.time() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

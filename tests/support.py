@@ -25,7 +25,8 @@ from ultralytics.utils.torch_utils import unwrap_model
 from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer, RTDETRTrainer
 from yolo_ckpt.distributed import WORLD_KEY, DistributedMixin
 from yolo_ckpt.families import ultralytics_class
-from yolo_ckpt.measure import measure_peak, step_bytes, training_batch
+from yolo_ckpt.measure import measure_peak, state_bytes, step_bytes, training_batch
+from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
 # A small YOLO11-style detector: four stages, seconds to train or compile on CPU.
@@ -51,6 +52,19 @@ SMALL = {  # TINY with a neck: 5 checkpoint units (4 stages, the head), 62 candi
         [-1, 1, "C3k2", [64, False, 0.25]],  # 9
         [[9, 6], 1, "Detect", ["nc"]],  # 10
     ],
+}
+
+# A small RT-DETR (HGNet stem and blocks, the deformable transformer decoder): a step in well under a second.
+RTDETR_TINY = {
+    "nc": 4,
+    "backbone": [
+        [-1, 1, "HGStem", [16, 32]],  # 0-P2/4
+        [-1, 1, "HGBlock", [16, 32, 3]],  # 1
+        [-1, 1, "DWConv", [64, 3, 2, 1, False]],  # 2-P3/8
+        [-1, 1, "HGBlock", [32, 64, 3]],  # 3
+        [-1, 1, "DWConv", [64, 3, 2, 1, False]],  # 4-P4/16
+    ],
+    "head": [[[3, 4], 1, "RTDETRDecoder", ["nc", 32, 30, 2, 4, 2, 64]]],  # 5: hd, queries, points, heads, layers, ffn
 }
 
 MINI = {  # two stages and a head: 3 checkpoint units, 14 candidate plans; for tests that measure every plan twice
@@ -368,6 +382,16 @@ def write_depth_set(root: Path, size: int = 96, images: dict | None = None) -> s
 
 
 # ---------------------------------------------------------------------------------- training pairs
+def measured_step(model, imgsz, batch, objects=50) -> int:
+    """An independent measurement: a fresh tracker around one loss forward + backward, plus the model state."""
+    model.zero_grad(set_to_none=True)
+    with LiveTensorTracker() as t:
+        data = training_batch(model, imgsz, batch, objects)  # the batch is on the device during the step
+        model.loss(data)[0].sum().backward()
+    model.zero_grad(set_to_none=True)
+    return state_bytes(model) + t.peak
+
+
 def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> str:
     """A ``memory_budget`` whose 60% (auto's share) is ``share`` of a vanilla step at this batch, on top of the model
     state and the batch; below 1 vanilla does not fit. Steps carry the dataset's objects as the trainer counts them."""

@@ -11,10 +11,10 @@ from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO, CheckpointConfigError, DetectionTrainer, checkpoint_plan
 from yolo_ckpt.autobatch import parse_memory, plan_batch
-from yolo_ckpt.measure import build_model, state_bytes, training_batch, with_plan
+from yolo_ckpt.measure import build_model, training_batch, with_plan
 from yolo_ckpt.memory import LiveTensorTracker
 
-from support import TRAIN_ARGS, results
+from support import TRAIN_ARGS, measured_step, results
 
 
 @pytest.mark.parametrize("text, nbytes", [("24GB", 24 * 2**30), ("512 MiB", 512 * 2**20), (24, 24 * 2**30),
@@ -27,16 +27,6 @@ def test_parse_memory(text, nbytes):
 def test_parse_memory_rejects(bad):
     with pytest.raises(ValueError, match="Valid: a positive size"):
         parse_memory(bad)
-
-
-def measured_step(model, imgsz, batch, objects=50) -> int:
-    """An independent measurement: a fresh tracker around one loss forward + backward, plus the model state."""
-    model.zero_grad(set_to_none=True)
-    with LiveTensorTracker() as t:
-        data = training_batch(model, imgsz, batch, objects)  # the batch is on the device during the step
-        model.loss(data)[0].sum().backward()
-    model.zero_grad(set_to_none=True)
-    return state_bytes(model) + t.peak
 
 
 def test_budget_gives_checkpointed_yolo11n_at_least_1_6x_the_batch():

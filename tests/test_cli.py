@@ -279,7 +279,7 @@ def test_the_demo_steps_the_optimizer_every_batch_whatever_the_batch():
 @pytest.mark.parametrize("args, says", [
     (["model=yolov8s-worldv2.yaml"], "YOLO-World is not supported"),
     (["model=yoloe-11s.yaml"], "YOLOE is not supported"),
-    (["task=foo"], "task='foo' is not an Ultralytics task. Valid: detect,"),
+    (["task=foo"], "task='foo' is not a task yolo-ckpt trains. Valid: detect,"),
     (["model=rtdetr-l.yaml", "checkpoint_stages=1"], "rtdetr-l.yaml has no stage 1. Valid: a list of distinct stage "
                                                      "numbers from {2, 3, 4, 5}"),
 ])
@@ -295,8 +295,8 @@ def test_models_and_tasks_we_cannot_plan_for_one_line_before_any_work(args, says
 
 
 @pytest.mark.parametrize("args, line", [
-    (["train", "task=panoptic"], "task='panoptic' is not an Ultralytics task. Valid: detect, segment, semantic, "
-                                 "depth, classify, pose, obb."),
+    (["train", "task=panoptic"], "task='panoptic' is not a task yolo-ckpt trains. Valid: detect, segment, "
+                                 "semantic, depth, pose, obb, classify."),
     (["semantic", "train", "model=yolo11n.yaml"], "task=semantic: yolo11n.yaml is a detect model (its output layer "
      "trains detect). Valid: a semantic model such as yolo26n-sem.yaml, or task=detect."),
     (["depth", "train", "model=yolo26n-sem.yaml", "checkpoint_stages=auto", "memory_budget=1GB"],

@@ -15,20 +15,7 @@ from ultralytics.utils import YAML
 from yolo_ckpt import RTDETR, YOLO, CheckpointPlan, RTDETRTrainer, checkpoint_plan, enable_checkpointing
 from yolo_ckpt.measure import training_batch
 
-from support import assert_same, assert_same_training, train_pair
-
-# A small RT-DETR (HGNet stem and blocks, the deformable transformer decoder): a step in well under a second.
-RTDETR_TINY = {
-    "nc": 4,
-    "backbone": [
-        [-1, 1, "HGStem", [16, 32]],  # 0-P2/4
-        [-1, 1, "HGBlock", [16, 32, 3]],  # 1
-        [-1, 1, "DWConv", [64, 3, 2, 1, False]],  # 2-P3/8
-        [-1, 1, "HGBlock", [32, 64, 3]],  # 3
-        [-1, 1, "DWConv", [64, 3, 2, 1, False]],  # 4-P4/16
-    ],
-    "head": [[[3, 4], 1, "RTDETRDecoder", ["nc", 32, 30, 2, 4, 2, 64]]],  # 5: hd, queries, points, heads, layers, ffn
-}
+from support import RTDETR_TINY, assert_same, assert_same_training, train_pair
 
 
 def tiny_rtdetr() -> RTDETRDetectionModel:

@@ -180,15 +180,14 @@ def train(args: list[str]) -> None:
     """Run ``yolo-ckpt train ...``; without ``data=`` or ``cfg=``, the demo recipe ``cfg/demo.yaml`` fills in what the
     command line leaves out."""
     from .stages import CheckpointConfigError
-    from .trainer import RTDETR, check_settings
+    from .trainer import RTDETR, check_settings, check_task
 
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
     if not overrides.get("data") and not overrides.get("resume") and not given(args, "cfg"):  # the demo
         overrides = {**demo_settings(overrides), **overrides}
     task = overrides.pop("task", None)
-    if task is not None and task not in TASKS:
-        raise CheckpointConfigError(f"task={task!r} is not an Ultralytics task. Valid: {', '.join(TASKS)}.")
+    check_task(None, task)  # before the default model is looked up for it
     if overrides.get("resume") and not overrides.get("model"):
         raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
     overrides["model"] = overrides.get("model") or DEFAULT_MODELS.get(task or "detect", DEFAULT_MODELS["detect"])
@@ -196,7 +195,7 @@ def train(args: list[str]) -> None:
         check_settings(overrides["model"], {**overrides, "task": task})
     cls = model_class(overrides["model"])
     model = cls(overrides.pop("model"), **({} if cls is RTDETR else {"task": task}))  # RT-DETR: detect only, as `yolo`
-    check_trainer(model)
+    check_task(None, model.task)  # a checkpoint's own task (its file decides, whatever task= says)
     data = overrides.get("data")
     if not overrides.get("resume") and (not data or embedded_variant(data)):
         from .synthetic import DEFAULT_VARIANT, recipe, recipe_tasks, synthetic_dataset
@@ -209,18 +208,6 @@ def train(args: list[str]) -> None:
         missing = "" if data else "'data' argument is missing. "
         LOGGER.info(f"{missing}Using the embedded synthetic dataset 'data={overrides['data']}'.")
     model.train(**overrides)
-
-
-def check_trainer(model: object) -> None:
-    """Stop with one line when the model's task has no checkpointing trainer (Ultralytics' own would reject our keys
-    with a traceback after creating the run directory)."""
-    from .stages import CheckpointConfigError
-    from .trainer import TRAINERS, CheckpointMixin
-
-    trainer = model.task_map.get(model.task, {}).get("trainer")
-    if not (isinstance(trainer, type) and issubclass(trainer, CheckpointMixin)):
-        raise CheckpointConfigError(f"task={model.task}: yolo-ckpt has no checkpointing trainer for it. Valid tasks: "
-                                    f"{', '.join(TRAINERS)}.")
 
 
 def model_class(model: object) -> type:

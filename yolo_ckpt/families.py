@@ -5,12 +5,23 @@ the file stem gives ``ultralytics.RTDETR``, anything else ``ultralytics.YOLO`` (
 into ``YOLOWorld``, ``yoloe*.yaml`` into ``YOLOE``, and checkpoints into the class of the model they hold).
 ``yolo-ckpt train`` follows the same rule, so every name means the same model as in ``yolo``.
 
-YOLO-World and YOLOE are rejected with one line before any work (``check_supported``): in 8.4.190 each of their
-training paths loads a text encoder that is a download (the ``clip`` package from GitHub, which
-``ultralytics.nn.text_model`` imports or pip-installs at import, and CLIP ViT-B/32 or MobileCLIP weights); a local
-text-embedding cache covers only the training batches, not the class embeddings set before training (YOLO-World's
-``on_pretrain_routine_end``) or at each validation (YOLOE's validator); and their forward threads prompt embeddings
-through the layers in a loop of their own, which yolo-ckpt does not checkpoint (``yolo_ckpt.model``).
+YOLO-World and YOLOE are rejected with one line before any work (``check_supported``). Their forward threads prompt
+embeddings through the layers in a loop of its own (``WorldModel.predict``, ``YOLOEModel.predict``), which yolo-ckpt
+does not checkpoint (``yolo_ckpt.model``), and their training loads a text encoder that is a download (the ``clip``
+package from GitHub, which ``ultralytics.nn.text_model`` imports or pip-installs, and CLIP ViT-B/32 or MobileCLIP
+weights). Checked in 8.4.190, trainer by trainer:
+
+- ``WorldTrainer``/``WorldTrainerFromScratch``: ``on_pretrain_routine_end`` sets the EMA's classes with
+  ``get_text_pe`` (CLIP) before the first epoch, whether or not a ``text_embeddings_*.pt`` cache exists;
+- ``YOLOETrainer`` (what ``yolo train`` picks), ``YOLOETrainerFromScratch`` and ``YOLOEVPTrainer`` (visual prompts):
+  the cache covers the training batches, but ``YOLOEDetectValidator.get_model`` encodes the class names with
+  MobileCLIP at every validated epoch (always the last);
+- ``YOLOEPETrainer``/``YOLOEPESegTrainer`` (linear probing, Python ``trainer=`` only) validate with the plain
+  detection/segmentation validator and are offline only when the given YOLOE weights already have their class
+  embeddings fused into the head (otherwise ``get_vocab`` calls MobileCLIP). Probing linearly (every other layer
+  frozen with ``freeze=``) trains only the head's class convolutions, and nothing before them stores activations for
+  backward: nothing to recompute. Without ``freeze=`` it is full fine-tuning, which would need
+  ``YOLOEModel.predict``'s loop checkpointed: not implemented.
 """
 
 from __future__ import annotations
@@ -26,7 +37,8 @@ TEXT_ENCODERS = {  # the model class Ultralytics builds -> what its training loa
     "WorldModel": ("YOLO-World", "the CLIP ViT-B/32 text encoder (the `clip` package from GitHub and its weights), "
                                  "loaded to set the class embeddings before the first epoch"),
     "YOLOEModel": ("YOLOE", "the MobileCLIP text encoder (the `clip` package from GitHub and mobileclip_blt.ts), "
-                            "loaded by its validator (every validated epoch, always the last)"),
+                            "loaded by its validator (every validated epoch, always the last) or, for linear "
+                            "probing, to fuse the class names into the head"),
 }
 
 

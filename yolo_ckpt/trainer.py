@@ -127,6 +127,13 @@ def yaml_task(model: Any) -> str | None:
 def check_task(model: Any, task: str | None) -> None:
     """Reject, in one line, a task yolo-ckpt has no trainer for, or a task the model's head does not train.
 
+    The one task check: ``check_settings`` runs it before any work, and ``yolo-ckpt train`` also on the task of the
+    model it built (a checkpoint's own task), so no task falls through to a trainer that rejects our keys.
+
+    Args:
+        model: The model argument whose YAML head must train ``task``, or ``None`` to check only the task name.
+        task: The task word given (or the built model's task); ``None`` checks nothing.
+
     Raises:
         CheckpointConfigError: Naming the valid tasks, or a model of the task and the model's own task.
     """
@@ -186,6 +193,18 @@ def escalation_point(trainer: Any) -> None:
                         f"Ultralytics' own retry does")
     elif trainer._snapshot is None and checkpoint_plan(model) is not None:
         trainer._snapshot = Snapshot.take(model, trainer.ema.updates)
+
+
+@contextmanager
+def random_state_kept(device: torch.device) -> Iterator[None]:
+    """Leave torch's generators (CPU, and the training CUDA device) as the block found them.
+
+    Planning runs training steps on copies, and RT-DETR's decoder draws random denoising queries in every training
+    forward: without this, the queries training draws afterwards would differ from vanilla Ultralytics'.
+    """
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device.index or 0] if cuda else [], device_type="cuda"):
+        yield
 
 
 def skip_frozen_stages(trainer: Any) -> None:
@@ -475,12 +494,14 @@ class CheckpointMixin(DistributedMixin):
         plain = unwrap_model(model)
         stages = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
         if self.args.memory_budget is not None or simulated:
-            return self._plan_for_budget(plain, stages, max_num_obj, dataset_size)
+            with random_state_kept(self.device):
+                return self._plan_for_budget(plain, stages, max_num_obj, dataset_size)
         try:
             self.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
             batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
             with planned_copy(plain) as self.model:
-                self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
+                with random_state_kept(self.device):  # Ultralytics' own AutoBatch draws once, as in vanilla
+                    self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
         finally:
             self.model = model
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with {stages} ({self.autobatch_without} without)")
@@ -530,7 +551,8 @@ class CheckpointMixin(DistributedMixin):
         decision = None
         if RANK in {-1, 0}:
             try:
-                decision = self._choose(model, objects, autobatch, dataset_size)
+                with random_state_kept(self.device):
+                    decision = self._choose(model, objects, autobatch, dataset_size)
             except CheckpointConfigError as e:
                 decision = {"error": str(e)}
         if RANK != -1:  # the process group exists: Ultralytics set it up before _setup_train
@@ -649,7 +671,9 @@ class CheckpointMixin(DistributedMixin):
         release(self.device)  # the failed step's tensors, held by the traceback until now
         imgsz = self._planning_imgsz()
         amp = autocast_dtype(self)
-        settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp, self._plan_costs)
+        with random_state_kept(self.device):  # training goes on from here, as after Ultralytics' own retry
+            settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp,
+                                           self._plan_costs)
         for k, v in settings.items():
             setattr(self.args, k, v)
         plan = CheckpointPlan.from_spec(model, settings["checkpoint_stages"], settings["checkpoint_layers"] or None)
