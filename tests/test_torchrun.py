@@ -235,6 +235,27 @@ def test_a_failing_launch_stops_every_rank_with_one_line(detect_data, tmp_path, 
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+def test_the_cli_trains_under_torchrun(detect_data, tmp_path):
+    """``torchrun ... -m yolo_ckpt train`` as a user types it: both ranks train the plan to the end, into one run
+    directory that rank 0 writes, with the epoch's memory of the rank that needed the most; the weights load in plain
+    Ultralytics."""
+    argv = ["-m", "yolo_ckpt", "train", "model=yolo11n.yaml", f"data={detect_data}", "imgsz=64", "epochs=1",
+            "batch=4", "device=cpu", "workers=0", "plots=False", f"project={tmp_path / 'p'}", "name=r",
+            "checkpoint_stages=[2,3]"]
+    done = torchrun(*LAYOUTS["1 node x 2"], argv)
+    log = "\n".join(out for _, out in done)
+    assert all(rc == 0 for rc, _ in done) and "rank 0 of world size 2" in log, log[-3000:]
+    assert run_dirs(tmp_path / "p") == ["r"]
+    row = results(tmp_path / "p" / "r")[0]
+    assert float(row["mem/peak_tensor_GB"]) > 0 and re.search(r"rank [01] of 2 \(the most", log), log[-3000:]
+    assert yaml.safe_load((tmp_path / "p" / "r" / "args.yaml").read_text())["checkpoint_stages"] == STAGES
+    code = ("import sys; sys.modules['yolo_ckpt'] = None\nfrom ultralytics import YOLO\n"
+            f"print('OK', YOLO(r'{tmp_path / 'p' / 'r' / 'weights' / 'last.pt'}').task)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}, cwd=tmp_path)
+    assert out.returncode == 0 and "OK detect" in out.stdout, out.stderr[-2000:]
+
+
 def test_a_rank_failing_alone_ends_the_other_node(detect_data, tmp_path):
     """Rank 1 alone raises as training starts (as a node missing its data would): rank 0, on the other node, is not
     left waiting in its first gradient all-reduce; gloo reports the closed connection and both agents end."""
