@@ -17,12 +17,14 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import ultralytics
@@ -242,13 +244,18 @@ def remove_created_dir(trainer: Any) -> None:
         shutil.rmtree(created, ignore_errors=True)
 
 
-def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> None:
-    """In a DDP worker: leave this rank's line where the launching process looks."""
-    (Path(trainer.save_dir) / WORKER_ERROR.format(RANK)).write_text(str(error))
-    import torch.distributed as dist
+def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> NoReturn:
+    """In a DDP worker: leave this rank's line where the launching process looks, and end the worker at once.
 
-    if dist.is_available() and dist.is_initialized():  # a process group left alive aborts the worker at exit
-        dist.destroy_process_group()
+    ``os._exit``: a worker leaving Python normally after the error intermittently aborts in gloo's threads
+    (``terminate called without an active exception``, SIGABRT: 2 of 8 runs under load with the process group
+    destroyed first, torch 2.14.1), and the launcher then prints its own traceback. Every rank has raised the same
+    line (rank 0 decided it), so no collective is left waiting; there is nothing of the worker's to clean up.
+    """
+    (Path(trainer.save_dir) / WORKER_ERROR.format(RANK)).write_text(str(error))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def reported_by_workers(trainer: Any) -> str | None:
@@ -388,7 +395,6 @@ class CheckpointMixin(DistributedMixin):
             except CheckpointConfigError as e:
                 if from_ultralytics_launcher():  # a worker: end quietly, the launching process raises the one line
                     report_to_launcher(self, e)
-                    return None
                 leave_process_group()  # torchrun: every rank raises the same line (rank 0 decided it)
                 remove_created_dir(self)
                 raise
