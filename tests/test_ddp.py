@@ -24,6 +24,7 @@ from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
 
 from yolo_ckpt import CheckpointConfigError, CheckpointPlan, DetectionTrainer
 from yolo_ckpt.epoch_memory import CALLBACKS
+from yolo_ckpt.measure import grad_bytes
 from yolo_ckpt.trainer import WORKER_ERROR, reported_by_workers
 
 from support import (
@@ -77,9 +78,11 @@ def gloo_runs(detect_data, tmp_path_factory):
     """Plain, checkpointed and ``auto`` two-process DDP through Ultralytics' launcher, same arguments."""
     project = tmp_path_factory.mktemp("ddp")
     runs = {}
-    # per rank, a simulated device whose 60% vanilla does not fit: every worker trains on its own, rank 0 plans on its
-    device = auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"] // 2, 0.8)
-    auto = {"checkpoint_stages": "auto", "simulate_gpu": device}
+    # per rank, a simulated device whose 60% vanilla does not fit (DDP's gradient buckets, one gradient copy, on top):
+    # every worker trains on its own, rank 0 plans on its
+    budget = int(auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"] // 2, 0.8)[:-1])
+    buckets = grad_bytes(DetectionModel("yolo11n.yaml", verbose=False))
+    auto = {"checkpoint_stages": "auto", "simulate_gpu": f"{budget + int(buckets / 0.6)}B"}
     for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES}),
                                  ("auto", CkptGloo, auto)):
         model = ultralytics.YOLO("yolo11n.yaml")
@@ -98,7 +101,7 @@ def test_two_process_ddp_matches_plain_ddp(gloo_runs):
 
 def test_two_process_ddp_auto_plans_once_and_matches_plain_ddp(gloo_runs):
     """Each worker on a simulated device: rank 0 plans for its share of the batch on its device and broadcasts; both
-    ranks install that plan, record it, and train as plain DDP, within their devices."""
+    ranks install that plan, record it, and train as plain DDP, within the share planned for."""
     planned = [json.loads((gloo_runs["auto"] / f"planned_rank{r}.json").read_text()) for r in (0, 1)]
     assert planned == [True, False]  # only rank 0 measured
     chosen = yaml.safe_load((gloo_runs["auto"] / "args.yaml").read_text())
@@ -110,7 +113,8 @@ def test_two_process_ddp_auto_plans_once_and_matches_plain_ddp(gloo_runs):
         assert_recomputed(forward_counts(gloo_runs["vanilla"], rank), forward_counts(gloo_runs["auto"], rank), layers)
     assert_same_run(gloo_runs["vanilla"], gloo_runs["auto"], ranks=(0, 1))
     device = int(yaml.safe_load((gloo_runs["auto"] / "args.yaml").read_text())["simulate_gpu"][:-1])
-    assert 0 < float(results(gloo_runs["auto"])[0]["mem/peak_tensor_GB"]) * 2**30 <= device  # the most of any rank
+    # the epoch of the rank that needed the most stays in auto's share, DDP's gradient buckets included
+    assert 0 < float(results(gloo_runs["auto"])[0]["mem/peak_tensor_GB"]) * 2**30 <= 0.6 * device
 
 
 def test_our_callbacks_are_registered_once_however_the_trainer_is_built(detect_data, tmp_path):

@@ -43,7 +43,7 @@ from .distributed import DistributedMixin, from_ultralytics_launcher, launch_rec
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .escalation import Snapshot, keeps_least, next_plan
 from .families import check_supported
-from .measure import planned_copy
+from .measure import grad_bytes, planned_copy
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
 from .recompute import MODES
@@ -588,18 +588,24 @@ class CheckpointMixin(DistributedMixin):
         batch = None if autobatch else max(self.batch_size // max(self.world_size, 1), 1)
         cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
         self.memory_target = int(fraction * budget)
+        # DDP's gradient buckets: Ultralytics wraps the model in DistributedDataParallel with its default
+        # gradient_as_bucket_view=False (8.4.190), which keeps a flat copy of every gradient beside the gradients
+        # (a two-rank yolo11n epoch on a simulated device: 11 MB past the step planned without it). AutoBatch is
+        # single-process, so only a fixed batch meets them here.
+        buckets = grad_bytes(model) if self.world_size > 1 else 0
         what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
                 else "the largest batch" if autobatch else f"batch {batch}")
-        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least recompute that fits {fraction:.0%} of {source} "
-                    f"at imgsz={imgsz}, {what}...")
+        less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
+        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least recompute that fits {fraction:.0%} of {source}"
+                    f"{less} at imgsz={imgsz}, {what}...")
         try:
             if autobatch:
                 choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
             else:
-                choice = choose_plan(model, imgsz, batch, int(fraction * budget), objects, amp)
+                choice = choose_plan(model, imgsz, batch, self.memory_target - buckets, objects, amp)
         except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
-            raise CheckpointConfigError(f"{e}: memory_budget={math.ceil(e.needed / fraction / 2**20)}MB would fit "
-                                        f"it, or lower batch or imgsz") from None
+            need = math.ceil((e.needed + buckets) / fraction / 2**20)
+            raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz") from None
         except ValueError as e:
             raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
         self._plan_costs = choice.costs  # escalation on out-of-memory starts from them
