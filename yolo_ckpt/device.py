@@ -28,14 +28,17 @@ Example:
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_map
 
 from .memory import LiveTensorTracker, _tensor_leaves
+
+T = TypeVar("T")
 
 ALLOCATOR_MARGIN = 1.10
 """Allocator bytes per exact tensor byte assumed on CUDA: the caching allocator rounds blocks (512 B, 2 MiB segments),
@@ -221,6 +224,18 @@ def is_oom(e: BaseException) -> bool:
     """Whether ``e`` means "does not fit": an out-of-memory error as Ultralytics' retry recognises one (CUDA's, or a
     simulated device's), or a probe that reached its share."""
     return isinstance(e, LimitReached) or isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
+
+def unless_oom(measure: Callable[[], T], device: torch.device | str | None = None) -> T | None:
+    """``measure()``, or ``None`` when it did not fit (``is_oom``), what it allocated then released (``release``:
+    outside the ``except`` block, where the traceback no longer holds the failed step)."""
+    try:
+        return measure()
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+    release(device)
+    return None
 
 
 def release(device: torch.device | str | None = None) -> None:

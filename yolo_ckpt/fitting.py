@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .autobatch import probe_room
-from .device import MemoryLimit, device_memory, is_oom, release
+from .device import MemoryLimit, device_memory, unless_oom
 from .measure import (
     FlopCount,
     batch_bytes,
@@ -108,14 +108,12 @@ def within_device(model: nn.Module, measure: Callable[[], T]) -> T | None:
     dev = device_memory(device)
     if dev is None:
         return measure()
-    try:
+
+    def bounded() -> T:
         with MemoryLimit(dev.tensor_bytes(dev.free), "device room", device=False):
             return measure()
-    except RuntimeError as e:
-        if not is_oom(e):
-            raise
-    release(device)  # outside the except block: the traceback no longer holds what the measurement allocated
-    return None
+
+    return unless_oom(bounded, device)
 
 
 def time_plans(model: nn.Module, specs: list[tuple], imgsz: int, batch: int, repeats: int,

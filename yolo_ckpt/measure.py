@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from .device import LimitReached, MemoryLimit, is_oom, release
+from .device import LimitReached, MemoryLimit, unless_oom
 from .memory import LiveTensorTracker
 from .model import disable_checkpointing, enable_checkpointing
 from .stages import CheckpointPlan
@@ -189,13 +189,7 @@ def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_
                amp: torch.dtype | None = None, limit: int | None = None) -> int | None:
     """A probe step that may not pass ``limit`` step bytes; ``None`` when it does not fit (out of memory at the limit
     or on the device), its memory released (``device.release``)."""
-    try:
-        return step_bytes(model, imgsz, batch, objects, amp, limit)
-    except RuntimeError as e:
-        if not is_oom(e):
-            raise
-    release(next(model.parameters()).device)  # outside the except block: the traceback no longer holds the step
-    return None
+    return unless_oom(lambda: step_bytes(model, imgsz, batch, objects, amp, limit), next(model.parameters()).device)
 
 
 class FlopCount(TorchDispatchMode):

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .autobatch import BatchPlan, ProbeRoom, plan_batch, probe_room
-from .device import MemoryLimit, is_oom, release
+from .device import MemoryLimit, unless_oom
 from .measure import (
     FlopCount,
     batch_bytes,
@@ -271,13 +271,7 @@ def _unit_phases(model: nn.Module, c: Candidate, imgsz: int, objects: int, amp: 
         room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
         data = training_batch(m, imgsz, 1, objects)
         limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
-        try:
-            return _phases(m, data, amp, last, limit)
-        except RuntimeError as e:
-            if not is_oom(e):
-                raise
-    release(next(model.parameters()).device)  # outside the except block: the traceback no longer holds the step
-    return None
+        return unless_oom(lambda: _phases(m, data, amp, last, limit), next(model.parameters()).device)
 
 
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
