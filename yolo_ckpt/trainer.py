@@ -590,8 +590,8 @@ class CheckpointMixin(DistributedMixin):
         self.memory_target = int(fraction * budget)
         # DDP's gradient buckets: Ultralytics wraps the model in DistributedDataParallel with its default
         # gradient_as_bucket_view=False (8.4.190), which keeps a flat copy of every gradient beside the gradients
-        # (a two-rank yolo11n epoch on a simulated device: 11 MB past the step planned without it). AutoBatch is
-        # single-process, so only a fixed batch meets them here.
+        # (tests/test_ddp.py: without this the two-rank epoch on a simulated device passes auto's share). AutoBatch
+        # is single-process, so only a fixed batch meets them here.
         buckets = grad_bytes(model) if self.world_size > 1 else 0
         what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
                 else "the largest batch" if autobatch else f"batch {batch}")
