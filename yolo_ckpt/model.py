@@ -255,13 +255,19 @@ def _shadow(module: nn.Module, fn: Callable[..., Any], *args: Any) -> None:
     module.forward = partial(fn, module, module.__dict__.get("forward"), *args)
 
 
-def check_modes(plan: CheckpointPlan, mode: str) -> None:
-    """Raise the one-line error for a run of a layer's own parts that would be recomputed ``selective``: its
-    recompute serves the other parts from the forward, which a selective cache (matched op by op) cannot skip."""
-    if bad := next((r for r in plan.part_regions if r.siblings and (r.mode or mode) != "full"), None):
+def check_plan(plan: CheckpointPlan, mode: str, compile: Any = False) -> None:
+    """Raise the one-line error for a run of a layer's own parts (``Region.siblings``) that cannot run as asked: it is
+    recomputed ``full`` only (its recompute serves the other parts from the forward, which a selective cache, matched
+    op by op, cannot skip) and eagerly only (``torch.compile`` breaks its graph at the saved-tensor hooks)."""
+    runs = [r for r in plan.part_regions if r.siblings]
+    if bad := next((r for r in runs if (r.mode or mode) != "full"), None):
         raise CheckpointConfigError(f"checkpoint_layers: {bad.name} is a run of parts of layer {bad.layers[0]}'s own "
                                     f"forward, recomputed full only. Valid: give it ':full', or selective single parts "
                                     f"and runs inside Sequential parts.")
+    if runs and compile:
+        raise CheckpointConfigError(f"checkpoint_layers: {runs[0].name} is a run of parts of layer "
+                                    f"{runs[0].layers[0]}'s own forward, which compile={compile!r} cannot trace in one "
+                                    f"graph. Valid with compile: single parts, runs inside Sequential parts, layers.")
 
 
 def _install_parts(model: nn.Module, plan: CheckpointPlan, mode: str) -> None:
@@ -298,7 +304,7 @@ def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "fu
         raise ValueError(f"checkpoint mode {mode!r} is not one of {MODES}")
     disable_checkpointing(model)
     if plan.regions:
-        check_modes(plan, mode)
+        check_plan(plan, mode)
         name, loop = _entry_point(model)
         wiring = {r.layers[0]: _Wiring.of(model.model, r) for r in plan.regions if not r.parts}
         setattr(model, name, partial(loop, model, plan, mode, wiring))
