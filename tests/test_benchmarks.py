@@ -50,3 +50,12 @@ def test_recipe_step_extended_from_small_batches_is_the_measured_step():
     assert [b for b, _ in points] == [1, 2] and cfg["batch"] == 8
     measured = measured_step(model, 512, 8)
     assert abs(extended - measured) <= 0.03 * measured, (extended, measured)
+
+
+def test_whole_network_prints_each_plan_and_what_is_alive_at_its_peak():
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "whole_network.py"), "--imgsz", "128", "--batch", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    for plan in ("whole network (all + head)", "one region per layer", "parts nested (THIRD)"):
+        assert f"\n{plan}: checkpoint_stages=" in out.stdout
+    assert out.stdout.count("alive at the peak, by what made it: ") == 3 and "target <= 0.3x peak" in out.stdout
