@@ -13,13 +13,14 @@ import pytest
 import torch
 import yaml
 from ultralytics.nn.tasks import DetectionModel
+from ultralytics.utils import YAML
 
 from yolo_ckpt import CheckpointPlan, disable_checkpointing, enable_checkpointing
 from yolo_ckpt.measure import build_model, step_loss, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.stages import CheckpointConfigError, model_parts
 
-from support import SMALL, assert_convs_recomputed, assert_same_training, train_pair
+from support import RTDETR_TINY, SMALL, assert_convs_recomputed, assert_same_training, train_pair
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,29 @@ def test_part_regions_are_exact_and_recompute_their_parts(yolo11n, stages, layer
     assert_convs_recomputed(convs, our_convs, plan)
 
 
+@pytest.mark.parametrize("cfg", ["yolo11n-seg.yaml", "yolo11n-pose.yaml", "yolo11n-obb.yaml", "yolo26n-sem.yaml",
+                                 "yolo26n-depth.yaml", "yolo11n-cls.yaml", "rtdetr-tiny.yaml"])
+def test_every_head_per_part_is_exact(cfg, tmp_path):
+    """Each task's head (Segment, Pose, OBB per branch and scale; the semantic, depth, classify heads; RT-DETR's
+    decoder with its denoising draws) with every part its own region: exact, and every part recomputed."""
+    if cfg == "rtdetr-tiny.yaml":
+        YAML.save(tmp_path / cfg, RTDETR_TINY)
+        cfg = str(tmp_path / cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    layers = [f"{len(model.model) - 1}.*"]
+    batch = training_batch(model, 96, 2)
+    torch.manual_seed(0)
+    grads, buffers, convs, _ = one_step(model, batch)
+    torch.manual_seed(0)
+    ours, our_buffers, our_convs, _ = one_step(model, batch, layers)
+    for n, g in grads.items():
+        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
+    for n, b in buffers.items():
+        assert torch.equal(b, our_buffers[n]), n
+    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, [], layers))
+
+
 def test_nesting_lowers_the_backward_peak(yolo11n):
     """The whole-network plan with parts nested keeps less than with whole layers only (the exact tracker)."""
     batch = training_batch(yolo11n, 160, 2)
@@ -147,3 +171,12 @@ def test_training_with_parts_is_vanilla_training(tmp_path, detect_data):
     cfg.write_text(yaml.safe_dump(SMALL))
     vanilla, ckpt = train_pair(str(cfg), [1, 2], detect_data, tmp_path, layers=layers, epochs=1)
     assert_same_training(str(cfg), [1, 2], vanilla, ckpt, layers)
+
+
+def test_compile_with_a_run_of_a_layers_own_parts_is_one_line_before_any_work():
+    from yolo_ckpt.trainer import check_settings
+
+    with pytest.raises(CheckpointConfigError, match=r"2.m.0-cv2 is a run of parts of layer 2's own forward, which "
+                                                    r"compile=True cannot trace in one graph. Valid with compile:"):
+        check_settings("yolo11n.yaml", {"checkpoint_layers": ["2.m.0-cv2"], "compile": True})
+    check_settings("yolo11n.yaml", {"checkpoint_layers": ["2.m.0", "23.*"], "compile": True})  # single parts compile
