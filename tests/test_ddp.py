@@ -86,8 +86,8 @@ def gloo_runs(detect_data, tmp_path_factory):
     budget = int(auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"] // 2, 0.8)[:-1])
     buckets = grad_bytes(DetectionModel("yolo11n.yaml", verbose=False))
     auto = {"checkpoint_stages": "auto", "simulate_gpu": f"{budget + int(buckets / 0.6)}B"}
-    for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES, "checkpoint_layers": PARTS}),
-                                 ("auto", CkptGloo, auto)):
+    ckpt = {"checkpoint_stages": STAGES, "checkpoint_layers": PARTS}
+    for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, ckpt), ("auto", CkptGloo, auto)):
         model = ultralytics.YOLO("yolo11n.yaml")
         add_counting(model)
         model.train(trainer=trainer, data=detect_data, project=str(project), name=name, **{
