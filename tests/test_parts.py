@@ -87,6 +87,7 @@ KINDS = [  # (stages, checkpoint_layers, mode)
     ((), [[0, 4], "2.*", "4.m.0:selective"], "full"),  # parts nested in a layer region
     ((1, 2, 3, 4), ["23.*", "16", "19", "23", "2.*", "4.*", "7-10:selective"], "full"),  # the 0.30x plan
     ((), ["9.cv1-cv2", "10.m.0", "10.cv1"], "full"),  # SPPF's thrice-called m inside a run; C2PSA
+    ((2, 3), ["4.cv1-m.0:full", "2.m.0"], "selective"),  # a run of a layer's own parts nested in a stage
 ]
 
 
@@ -118,6 +119,27 @@ def test_every_head_per_part_is_exact(cfg, tmp_path):
     torch.manual_seed(0)
     grads, buffers, convs, _ = one_step(model, batch)
     torch.manual_seed(0)
+    ours, our_buffers, our_convs, _ = one_step(model, batch, layers)
+    for n, g in grads.items():
+        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
+    for n, b in buffers.items():
+        assert torch.equal(b, our_buffers[n]), n
+    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, [], layers))
+
+
+@pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolov5n.yaml", "yolo12n.yaml", "yolov9t.yaml", "yolov10n.yaml"])
+def test_every_block_per_part_is_exact(cfg):
+    """C2f, C3, A2C2f, RepNCSPELAN4/ADown/SPPELAN, C2fCIB/SCDown/PSA: every part of every layer its own region,
+    nested in regions of whole layers two by two."""
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    parts = model_parts(model)
+    composite = [i for i, tree in parts.items() if any(list(model.model[i].get_submodule(n).children())
+                                                      for n in tree.get("", ()))]  # a leaf part's recompute is no call
+    layers = [*(f"{i}.*" for i in composite),
+              *([i, i + 1] for i in range(0, len(model.model) - 1, 4))]
+    batch = training_batch(model, 64, 1)
+    grads, buffers, convs, _ = one_step(model, batch)
     ours, our_buffers, our_convs, _ = one_step(model, batch, layers)
     for n, g in grads.items():
         assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n

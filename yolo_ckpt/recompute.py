@@ -53,10 +53,20 @@ def restored_buffers(modules: Iterable[nn.Module]) -> Iterator[None]:
                 b.copy_(s)
 
 
-def stored_as_usual() -> torch.autograd.graph.saved_tensors_hooks:
-    """Tensors saved for backward inside the block are stored as without checkpointing, also inside a checkpoint's
-    forward (the innermost saved-tensor hooks apply): the parts of a layer outside a run it recomputes."""
-    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+def enclosing_hooks() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """The saved-tensor hooks active now (an enclosing checkpoint's, or its recompute's), ``None`` outside any.
+
+    Private torch API, the one call ``torch.utils.checkpoint`` itself makes to find them (torch 2.14.1): there is no
+    public way to read the innermost ``saved_tensors_hooks``.
+    """
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def stored_as_around(hooks: tuple[Callable[..., Any], Callable[..., Any]] | None) -> Any:
+    """Inside the block, tensors saved for backward are stored as ``hooks`` (``enclosing_hooks`` taken before a
+    checkpoint began) store them, or as without checkpointing: the innermost saved-tensor hooks apply, so the parts of
+    a layer outside a run it recomputes store as they would without that run, nested in a larger region or not."""
+    return torch.autograd.graph.saved_tensors_hooks(*(hooks or (_same, _same)))
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
