@@ -202,3 +202,25 @@ def test_compile_with_a_run_of_a_layers_own_parts_is_one_line_before_any_work():
                                                     r"compile=True cannot trace in one graph. Valid with compile:"):
         check_settings("yolo11n.yaml", {"checkpoint_layers": ["2.m.0-cv2"], "compile": True})
     check_settings("yolo11n.yaml", {"checkpoint_layers": ["2.m.0", "23.*"], "compile": True})  # single parts compile
+
+
+def test_a_run_of_all_parts_keeps_what_torch_checkpoint_of_the_layer_keeps(yolo11n):
+    """The reference is plain ``torch.utils.checkpoint`` of the whole layer: a run of all the layer's own parts keeps
+    exactly its bytes after the forward; a shorter run keeps more (its outside parts store as usual), and less than the
+    plain layer."""
+    x = torch.randn(2, 32, 64, 64, requires_grad=True)  # layer 2's input
+
+    def kept(run=None, reference=False):
+        model = deepcopy(yolo11n)
+        if run:
+            enable_checkpointing(model, CheckpointPlan.from_spec(model, [], [f"2.{run}"]), "full")
+        layer = model.model[2]
+        with LiveTensorTracker() as t:
+            y = torch.utils.checkpoint.checkpoint(layer, x * 1, use_reentrant=False) if reference else layer(x * 1)
+            saved = t.current - y.untyped_storage().nbytes()
+        y.sum().backward()
+        return saved
+
+    whole = kept(reference=True)
+    assert kept("cv1-cv2") == whole
+    assert whole < kept("cv1-m.0") < kept()
