@@ -48,7 +48,8 @@ from yolo_ckpt.stages import CheckpointPlan
 _aten = torch.ops.aten
 BY_NAME_KEPT = frozenset({  # the by-name rule's kept ops (yolo-ckpt up to the cost rule)
     _aten.convolution.default, _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
-    *recompute.SAVED_OPS,
+    _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default,
 })
 
 

@@ -65,7 +65,7 @@ _MATMULS = {_aten.mm.default: 0, _aten.addmm.default: 1, _aten.bmm.default: 0, _
 """Matrix products, each with the argument whose last dimension is the inner (multiply-add) dimension."""
 SAVED_OPS = frozenset({  # attention: its recompute is a whole softmax(QK^T)V, always kept
     _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
-    _aten._scaled_dot_product_cudnn_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_flash_attention_for_cpu.default,
 })
 _POOLS = frozenset({_aten.max_pool2d_with_indices.default, _aten.max_pool2d.default, _aten.avg_pool2d.default})
 _BATCH_NORMS = frozenset(getattr(_aten, name).default for name in (
@@ -76,7 +76,8 @@ _BATCH_NORMS = frozenset(getattr(_aten, name).default for name in (
 # times of yolo11n's backbone at 640 px, batch 4 (``python benchmarks/selective_policy.py`` prints them measured):
 NS_PER_MAC = 0.0042  # convolution/matmul, per multiply-add per output element: 27 MACs 0.22, 144 MACs 0.71 measured
 NS_COMPUTE = 0.11  # ... plus a fixed part (reading the input, writing the output)
-NS_PER_TAP = 0.28  # pooling, per window element (scalar compares with indices): SPPF's 5x5 max pool 6.9 measured
+NS_PER_TAP = 0.28  # pooling, per window element per byte of values (scalar compares): SPPF's 5x5 max pool 6.9
+# measured per byte of its values, 2.3 per byte kept with its int64 indices
 NS_BATCH_NORM = 0.33  # BatchNorm in training: two reductions over the input for its statistics, then normalising
 NS_PER_BYTE_TOUCHED = 0.03  # any other op, per byte it reads and writes: SiLU 0.06, concat 0.05 measured
 KEEP_NS_PER_BYTE = 0.35
@@ -110,7 +111,9 @@ def recompute_cost(op: Any, args: tuple, output: Any) -> float:
         return math.inf
     if op in _POOLS:
         kernel = args[1]  # int[2]; one int stands for a square window
-        return NS_PER_TAP * (math.prod(kernel) if len(kernel) > 1 else kernel[0] ** 2)
+        taps = math.prod(kernel) if len(kernel) > 1 else kernel[0] ** 2
+        values = output[0] if isinstance(output, (tuple, list)) else output  # max pooling also keeps int64 indices
+        return NS_PER_TAP * taps * _nbytes(values) / max(_nbytes(output), 1)
     if op in _BATCH_NORMS:
         return NS_BATCH_NORM
     written = _nbytes(output)
