@@ -6,6 +6,7 @@ Rows, for ``checkpoint_stages=all checkpoint_mode=selective`` (yolo11n.yaml, 640
 - ``by name``: the rule before ``recompute_cost`` (keep convolutions over 32 multiply-adds per output element, matrix
   products and attention; recompute everything else);
 - ``cost``: ``yolo_ckpt.recompute``'s rule (keep what costs at least ``KEEP_NS_PER_BYTE`` to recompute per byte);
+- ``cost + BatchNorm``: the same with BatchNorm's outputs kept too (the threshold just below BatchNorm's cost);
 - ``keep all``: every output that may be kept is kept (only views and in-place ops are recomputed): no plan can be
   faster, so its time is what the selective machinery itself costs (Python dispatch of every op in forward and
   recompute, the BatchNorm buffer restore).
@@ -65,7 +66,18 @@ def keep_all(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     return CheckpointPolicy.PREFER_RECOMPUTE if recompute._aliases(op) else CheckpointPolicy.MUST_SAVE
 
 
-RULES: dict[str, Callable | None] = {"by name": by_name, "cost": recompute._selective_policy, "keep all": keep_all}
+COST = recompute._selective_policy  # the library's rule, bound before any row patches it in
+
+
+def cost_and_batch_norm(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """The cost rule with BatchNorm kept too: the next point of the trade-off, where the threshold passes BatchNorm."""
+    if op in recompute._BATCH_NORMS:
+        return CheckpointPolicy.MUST_SAVE
+    return COST(ctx, op, *args, **kwargs)
+
+
+RULES: dict[str, Callable | None] = {"by name": by_name, "cost": COST,
+                                     "cost + BatchNorm": cost_and_batch_norm, "keep all": keep_all}
 
 
 @contextmanager
