@@ -110,7 +110,7 @@ def rows(model: nn.Module, imgsz: int, batch: int, repeats: int) -> list[dict]:
                for name, m in ruled_models.items()]
         models = list(ruled_models.values())
         time_steps(models, data, 1)  # warm-up round
-        cpu = time_steps(models, data, repeats, clock=time.thread_time)
+        cpu = time_steps(models, data, repeats, clock=time.process_time)
         wall = time_steps(models, data, repeats)
     finally:
         for name, m in ruled_models.items():

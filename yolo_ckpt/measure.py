@@ -226,8 +226,8 @@ def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dt
                clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Median step time of each model, timed in interleaved rounds so machine drift hits all of them alike.
 
-    ``clock``: wall-clock by default; ``time.thread_time`` gives a CPU step's own CPU time, which other processes on a
-    shared machine do not stretch (CPU backward runs on the calling thread).
+    ``clock``: wall-clock by default; ``time.process_time`` gives a CPU step's own CPU time (all of this process's
+    threads), which other processes on a shared machine do not stretch.
     """
     times: list[list[float]] = [[] for _ in models]
     cuda = batch["img"].is_cuda
