@@ -84,8 +84,8 @@ KEEP_NS_PER_BYTE = 0.35
 """Selective keeps an op's output when its modelled recompute costs at least this per byte kept; below it, the
 recompute is the cheaper way to have the tensor in backward. The exchange rate between memory and time sits just above
 BatchNorm, the costliest memory-bound op: yolo11n's whole backbone at 640 px, batch 4 keeps 0.596x the vanilla peak at
-1.015x the FLOPs and 1.132x the CPU step time (the by-name rule before: 0.621x, 1.006x, 1.131x); with BatchNorm's
-outputs kept too, 0.758x at 1.074x; keeping everything, 1.040x at 1.029x, the selective machinery alone
+1.015x the FLOPs and 1.118x the CPU step time (the by-name rule before: 0.621x, 1.006x, 1.129x); with BatchNorm's
+outputs kept too, 0.758x at 1.061x; keeping everything, 1.040x at 1.021x, the selective machinery alone
 (``python benchmarks/selective_policy.py``, README "Selective: where the bytes and the time are")."""
 CHEAP_CONV_MACS = math.floor((KEEP_NS_PER_BYTE - NS_COMPUTE) / NS_PER_MAC)
 """Multiply-adds per output element up to which a convolution (or matmul) is recomputed rather than kept (57): the
