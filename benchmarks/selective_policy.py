@@ -13,7 +13,7 @@ Rows, for ``checkpoint_stages=all checkpoint_mode=selective`` (yolo11n.yaml, 640
 
 Columns: exact step peak and bytes alive after forward (``measure.measure_peak``, ``memory.LiveTensorTracker``),
 convolution/matmul FLOPs (``measure.step_flops``), and the median step time of interleaved rounds
-(``measure.time_steps``): on CPU the step's own CPU time (``time.thread_time``, which the other processes of a shared
+(``measure.time_steps``): on CPU the step's own CPU time (``time.process_time``, which the other processes of a shared
 machine do not stretch) and wall-clock.
 
 Then, per op kind inside the regions, what each rule keeps (MiB after forward) and what its recompute costs (the op's
