@@ -54,7 +54,7 @@ from .recompute import MODES
 from .stages import CheckpointPlan, model_stages
 
 HEAD = "head"  # the unit of every layer after the backbone that stores activations (``checkpoint_layers=head``)
-MAX_MEASURED = 12  # candidates measured at most before falling back to those predicted to keep the least
+MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 
 
