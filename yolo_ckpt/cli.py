@@ -59,8 +59,9 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
                           "[first, last] ranges (one region each), parts of a layer ('2.cv1', a run '2.m.0-cv2', each "
                           "part '23.*'; nested inside other regions), any string item with ':full' or ':selective', "
                           "or [] for none", "checkpoint_layers=head"),
-    "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep convolution outputs: "
-                        "almost no recompute FLOPs, less saving)", "checkpoint_mode=selective"),
+    "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep the outputs that are "
+                        "costly to recompute per byte: convolutions, pooling; almost no recompute FLOPs, less "
+                        "saving)", "checkpoint_mode=selective"),
     "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
     "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "
                       "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),

@@ -176,7 +176,7 @@ def _contexts(modules: tuple[nn.Module, ...], mode: str = "full") -> tuple[Any, 
 
 
 def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.Module], mode: str = "full") -> Any:
-    """Run ``fn(*args)`` keeping only its inputs (and, ``selective``, its convolution outputs) for backward.
+    """Run ``fn(*args)`` keeping only its inputs (and, ``selective``, the outputs costly to recompute) for backward.
 
     Args:
         fn: The region's forward.

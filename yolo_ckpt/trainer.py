@@ -89,7 +89,7 @@ def check_settings(model: Any, args: dict) -> None:
                                         "device), a CUDA device (its memory) or simulate_gpu=24GB with device=cpu.")
     if (mode := word(args.get("checkpoint_mode")) or "full") not in MODES:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
-                                    f"'selective' (keep convolution outputs, recompute the rest).")
+                                    f"'selective' (keep outputs costly to recompute, recompute the rest).")
     check_task(model, args.get("task"))
     if model is not None and not is_auto(args.get("checkpoint_stages")):
         plan = CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
@@ -363,7 +363,7 @@ class CheckpointMixin(DistributedMixin):
         stages = model_stages(model) if plan.stages else {}
         whole = [r for r in plan.regions if not r.parts]
         for region in plan.regions:
-            how = ", selective: convolution outputs kept" if (region.mode or mode) == "selective" else ""
+            how = ", selective: outputs costly to recompute kept" if (region.mode or mode) == "selective" else ""
             shared = f", recomputed as one region with stages {list(region.stages)}" if len(region.stages) > 1 else ""
             for k in region.stages:
                 types = ", ".join(type(model.model[i]).__name__ for i in stages[k])
