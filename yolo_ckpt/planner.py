@@ -1,16 +1,22 @@
-"""``checkpoint_stages=auto``: the plan with the least recompute whose measured training step fits a memory target.
+"""``checkpoint_stages=auto``: the plan with the least predicted step time whose measured training step fits a memory
+target.
 
-A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``) — recomputed
-``full`` or ``selective``. Each unit is measured once, alone, in a training step at batch 1 on a copy of the model:
-the bytes it stops keeping for backward, the peak of the step's backward from the moment it reaches the unit, and the
-FLOPs its recompute adds. A plan's FLOPs are the sum of its units'; its peak is predicted as the largest of the
-vanilla forward and backward peaks less every unit's saving, and of each unit's backward window less the savings of
-the units before it (only those still hold their tensors then) — within about 10% of the measured step. Candidates
-are tried cheapest first: each predicted to fit is measured (a real step at the run's batch and imgsz, on a copy) and
-the first that fits is the choice, so the choice always rests on a measurement and the training model never runs.
+A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``) — each recomputed
+in its own mode, ``full`` or ``selective`` (one mode for all where the model's plans take no mode per region:
+``per_region_modes``). Each unit is measured once per mode, alone, in a training step at batch 1 on a copy of the
+model: the bytes it stops keeping for backward, the peak of the step's backward from the moment it reaches the unit,
+the FLOPs its recompute adds, and — once that bounded step fit — its time on the run's device (a few timed steps of
+the same copy and batch), whose excess over the vanilla step's is the unit's recompute time. FLOPs do not see what
+recompute costs on hardware (BatchNorm and SiLU recompute is memory-bound: ``all selective`` is 1.006x the FLOPs but
+1.17x the CPU step time of yolo11n at 640), times do. A plan's FLOPs and recompute time are the sums of its units';
+its peak is predicted as the largest of the vanilla forward and backward peaks less every unit's saving, and of each
+unit's backward window less the savings of the units before it (only those still hold their tensors then) — within
+about 10% of the measured step. Candidates are tried least predicted step time first: each predicted to fit is
+measured (a real step at the run's batch and imgsz, on a copy) and the first that fits is the choice, so the choice
+always rests on a measurement and the training model never runs; the choice's step is then timed at the run's batch.
 
 With AutoBatch (``batch=-1`` or a fraction) the plan measured to keep the least (among those predicted to) sets the
-largest batch (``plan_batch``), and the cheapest plan that fits at that batch is chosen.
+largest batch (``plan_batch``), and the fastest plan that fits at that batch is chosen.
 
 Memory is counted as ``plan_batch`` counts it: model state, the batch on the device and the exact step peak.
 
@@ -29,11 +35,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -48,14 +55,18 @@ from .measure import (
     probe_step,
     state_bytes,
     step_loss,
+    time_steps,
     training_batch,
 )
 from .recompute import MODES
-from .stages import CheckpointPlan, model_stages
+from .stages import CheckpointConfigError, CheckpointPlan, model_stages
 
 HEAD = "head"  # the unit of every layer after the backbone that stores activations (``checkpoint_layers=head``)
 MAX_MEASURED = 12  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
+MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
+MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
+TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
 
 
 class NothingFits(ValueError):
@@ -68,45 +79,97 @@ class NothingFits(ValueError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """One plan: units recomputed in one mode, with its recompute FLOPs and predicted bytes at the run's batch.
+    """One plan: units, each recomputed in its own mode, with its recompute FLOPs, predicted bytes and predicted step
+    time at the run's batch.
 
     Attributes:
         units (tuple): Stage numbers, and ``"head"`` last if the head is recomputed; ``()`` is vanilla.
-        mode (str): ``full`` or ``selective``.
+        modes (tuple): Each unit's mode (``full`` or ``selective``), in the order of ``units``; a single mode given
+            as a string applies to every unit.
         flops (int): Convolution/matmul FLOPs the recompute adds to a step at the run's batch.
         predicted_bytes (int): Vanilla step bytes at the run's batch minus the units' measured savings.
         head (tuple): The head's layer regions as ``[first, last]`` ranges, resolved once per model (``Costs.head``):
             ``checkpoint_layers=head`` finds them with a training-mode dry run, which planning copies need not repeat.
+        seconds (float): Predicted step time at the run's batch (``Costs.predict_seconds``).
+        stage_layers (tuple | None): ``(stage, layers)`` pairs of the model (``Costs.stage_layers``): where the
+            settings of a plan with per-unit modes cut its ranges.
     """
 
     units: tuple
-    mode: str
+    modes: tuple | str
     flops: int
     predicted_bytes: int
     head: tuple | None = None
+    seconds: float = 0.0
+    stage_layers: tuple | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.modes, str):  # one mode for every unit
+            object.__setattr__(self, "modes", (self.modes,) * len(self.units))
+
+    @property
+    def mode(self) -> str:
+        """The plan's one mode (``full`` for vanilla), or ``MIXED`` when its units differ."""
+        return self.modes[0] if len(set(self.modes)) == 1 else MIXED if self.modes else "full"
+
+    def unit_mode(self, unit: Any) -> str:
+        """The mode ``unit`` is recomputed in."""
+        return self.modes[self.units.index(unit)]
 
     @property
     def settings(self) -> dict:
-        """The training arguments of this plan."""
-        stages = [u for u in self.units if u != HEAD]
-        return {"checkpoint_stages": stages, "checkpoint_layers": HEAD if HEAD in self.units else [],
-                "checkpoint_mode": self.mode}
+        """The training arguments of this plan.
+
+        One mode: today's keys (``checkpoint_stages``, ``checkpoint_layers=head``, ``checkpoint_mode``). Per-unit
+        modes: the full units as stages and head ranges, the others as ``checkpoint_layers`` ranges with their mode
+        as a suffix (``"0-2:selective"``), which only a model whose plans take per-region modes accepts
+        (``per_region_modes``; ``candidates`` offers such plans only there).
+        """
+        if self.mode != MIXED:
+            stages = [u for u in self.units if u != HEAD]
+            return {"checkpoint_stages": stages, "checkpoint_layers": HEAD if HEAD in self.units else [],
+                    "checkpoint_mode": self.mode}
+        return {"checkpoint_stages": [], "checkpoint_layers": self._ranges(), "checkpoint_mode": "full"}
+
+    def _ranges(self) -> list[str]:
+        """Every unit's layer ranges, ``first-last[:mode]`` (the mode only where it is not ``full``), in layer order."""
+        spans = []
+        for u, m in zip(self.units, self.modes):
+            for a, b in (self.head or ()) if u == HEAD else [self._stage_span(u)]:
+                spans.append((a, b, "" if m == "full" else f":{m}"))
+        return [f"{a}{'' if a == b else f'-{b}'}{m}" for a, b, m in sorted(spans)]
+
+    def _stage_span(self, stage: int) -> tuple[int, int]:
+        if self.stage_layers is None:
+            raise ValueError("a plan of per-unit modes needs the stages' layers (Costs.stage_layers)")
+        layers = dict(self.stage_layers)[stage]
+        return layers[0], layers[-1]
+
+    @property
+    def spec(self) -> tuple:
+        """``(checkpoint_stages, checkpoint_mode, checkpoint_layers)`` as ``planned_copy`` installs it: the head's
+        resolved ranges where known."""
+        s = self.settings
+        if self.mode == MIXED:
+            return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"]
+        if HEAD not in self.units:
+            return s["checkpoint_stages"], s["checkpoint_mode"], None
+        head = [list(r) for r in self.head] if self.head is not None else HEAD
+        return s["checkpoint_stages"], s["checkpoint_mode"], head
 
     @property
     def layers(self) -> Any:
-        """``checkpoint_layers`` as planning installs it: the head's resolved ranges where known."""
-        if HEAD not in self.units:
-            return None
-        return [list(r) for r in self.head] if self.head is not None else HEAD
+        """``checkpoint_layers`` as planning installs it (``spec``)."""
+        return self.spec[2]
 
     def plan(self, model: nn.Module) -> CheckpointPlan:
         """The ``CheckpointPlan`` of this candidate on ``model``."""
-        return CheckpointPlan.from_spec(model, self.settings["checkpoint_stages"], self.layers)
+        return CheckpointPlan.from_spec(model, self.spec[0], self.spec[2])
 
     @contextmanager
     def copy(self, model: nn.Module) -> Iterator[nn.Module]:
         """A copy of ``model`` with this plan installed, for the block (``measure.planned_copy``)."""
-        with planned_copy(model, self.settings["checkpoint_stages"], self.mode, self.layers) as m:
+        with planned_copy(model, *self.spec) as m:
             yield m
 
 
@@ -133,6 +196,8 @@ class Choice:
         alternatives (list[Candidate]): The next cheapest candidates predicted to fit, for the trade-off table.
         costs (Costs | None): The unit costs the choice rests on (escalation reuses them).
         extrapolated (bool): The device is smaller than the target: steps were extrapolated from batches it holds.
+        measured_seconds (float | None): The chosen plan's step time at ``batch``, timed once its step was measured
+            to fit (``None`` when extrapolated: the device does not hold that batch).
     """
 
     candidate: Candidate
@@ -145,33 +210,44 @@ class Choice:
     alternatives: list = field(default_factory=list)
     costs: Costs | None = None
     extrapolated: bool = False
+    measured_seconds: float | None = None
 
     def table(self) -> list[str]:
-        """Trade-off lines for the log: each measured candidate and the next alternatives; none when vanilla fit
-        (nothing was traded)."""
+        """Trade-off lines for the log: each measured candidate and the next alternatives, step time (predicted,
+        and measured for the choice) next to memory (predicted, measured) and FLOPs; none when vanilla fit (nothing
+        was traded)."""
         if not self.candidate.units:
             return []
-        rows = [f"{'plan':<40}{'FLOPs':>8}{'predicted GB':>14}{'measured GB':>13}"]
+        rows = [f"{'plan':<48}{'FLOPs':>8}{'predicted s':>13}{'measured s':>12}{'predicted GB':>14}{'measured GB':>13}"]
         seen = set()
         for t in [*self.tried, *(Tried(a, None) for a in self.alternatives)]:
             c = t.candidate
-            if (c.units, c.mode) in seen:
+            if (c.units, c.modes) in seen:
                 continue
-            seen.add((c.units, c.mode))
+            seen.add((c.units, c.modes))
             mark = " <- chosen" if c == self.candidate else ""
             measured = self.measured_bytes if mark else t.measured
             tried = any(x.candidate == c for x in self.tried)
             shown = f"{measured / 2**30:.3f}" if measured is not None else "over" if tried else "-"
-            rows.append(f"{describe(c):<40}{1 + c.flops / self.base_flops:>7.3f}x{c.predicted_bytes / 2**30:>14.3f}"
-                        f"{shown:>13}{mark}")
+            timed = f"{self.measured_seconds:.3f}" if mark and self.measured_seconds is not None else "-"
+            rows.append(f"{describe(c):<48}{1 + c.flops / self.base_flops:>7.3f}x{c.seconds:>13.3f}{timed:>12}"
+                        f"{c.predicted_bytes / 2**30:>14.3f}{shown:>13}{mark}")
         return rows
 
 
 def describe(c: Candidate) -> str:
-    """``stages [1, 2] + head selective``, or ``none``."""
-    stages = [u for u in c.units if u != HEAD]
-    parts = ([f"stages {stages}"] if stages else []) + (["head"] if HEAD in c.units else [])
-    return " + ".join(parts) + (f" {c.mode}" if c.mode == "selective" else "") if parts else "none"
+    """``stages [1, 2] + head selective``, ``stages [2, 3] full; stages [1] + head selective`` (per-unit modes), or
+    ``none``."""
+    if c.mode != MIXED:
+        return _describe_units(c.units, c.mode)
+    return "; ".join(f"{_describe_units(us, m)}{' full' if m == 'full' else ''}"
+                     for m in MODES if (us := tuple(u for u in c.units if c.unit_mode(u) == m)))
+
+
+def _describe_units(units: tuple, mode: str) -> str:
+    stages = [u for u in units if u != HEAD]
+    parts = ([f"stages {stages}"] if stages else []) + (["head"] if HEAD in units else [])
+    return " + ".join(parts) + (f" {mode}" if mode == "selective" else "") if parts else "none"
 
 
 @dataclass(frozen=True)
@@ -185,6 +261,8 @@ class Phases:
         window (int): Peak from the moment backward reaches the unit's last layer to its end (the whole backward for
             the head and for vanilla).
         flops (int): Convolution/matmul FLOPs of the step, recompute included.
+        seconds (float): Median wall-clock time of the step on the run's device (``TIMED_STEPS``), timed only once
+            the bounded step fit.
     """
 
     kept: int
@@ -192,6 +270,7 @@ class Phases:
     backward: int
     window: int
     flops: int
+    seconds: float = 0.0
 
 
 def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | None, limit: int | None) -> Phases:
@@ -233,6 +312,9 @@ class Costs:
         unit (dict): ``(unit, mode) -> Phases`` with only that unit recomputed.
         grads (int): Bytes of the parameter gradients, which backward peaks hold at most and which no batch scales.
         head (tuple | None): The head's regions as ``(first, last)`` ranges (``Candidate.head``).
+        stage_layers (tuple | None): ``(stage, layers)`` pairs (``Candidate.stage_layers``).
+        mixed (bool): The model's plans take a mode per region (``per_region_modes``): candidates may then recompute
+            each unit in its own mode.
     """
 
     units: list
@@ -240,16 +322,20 @@ class Costs:
     unit: dict
     grads: int = 0
     head: tuple | None = None
+    stage_layers: tuple | None = None
+    mixed: bool = False
 
-    def predict(self, units: tuple, mode: str, batch: int) -> tuple[int, int]:
-        """Predicted (step peak bytes, extra FLOPs) of recomputing ``units`` in ``mode`` at ``batch``.
+    def predict(self, units: tuple, modes: tuple | str, batch: int) -> tuple[int, int]:
+        """Predicted (step peak bytes, extra FLOPs) of recomputing ``units`` in ``modes`` (one per unit, or one
+        for all) at ``batch``.
 
         The forward peak falls by every unit's saving; a unit's backward runs while only the units before it still
         hold their kept tensors, so its backward peak falls by their savings alone; FLOPs add up. Activations scale
         with the batch, parameter gradients do not: at small images they are much of a batch-1 backward peak.
         """
         p = self.plain
-        less = {u: p.kept - self.unit[(u, mode)].kept for u in units}
+        phases = self._phases(units, modes)
+        less = {u: p.kept - phases[u].kept for u in units}
 
         def backward(peak: int) -> int:
             return batch * max(peak - self.grads, 0) + self.grads
@@ -257,26 +343,54 @@ class Costs:
         peaks = [batch * (p.forward - sum(less.values())), backward(p.backward - sum(less.values()))]
         for u in units:  # from u's backward on, only the units before it still hold what they keep
             before = sum(less[v] for v in units if self.units.index(v) < self.units.index(u))
-            peaks.append(backward(self.unit[(u, mode)].window - before))
-        extra = sum(self.unit[(u, mode)].flops - p.flops for u in units)
+            peaks.append(backward(phases[u].window - before))
+        extra = sum(phases[u].flops - p.flops for u in units)
         return max(peaks), batch * extra
+
+    def predict_seconds(self, units: tuple, modes: tuple | str, batch: int) -> float:
+        """Predicted step time at ``batch``: the vanilla step's at batch 1 plus each unit's recompute time (its
+        batch-1 step's less vanilla's, never below zero: timing noise must not make recompute look free), scaled
+        with the batch as activations are."""
+        phases = self._phases(units, modes)
+        return batch * (self.plain.seconds + sum(max(phases[u].seconds - self.plain.seconds, 0.0) for u in units))
+
+    def _phases(self, units: tuple, modes: tuple | str) -> dict:
+        modes = (modes,) * len(units) if isinstance(modes, str) else modes
+        return {u: self.unit[(u, m)] for u, m in zip(units, modes)}
 
 
 def _unit_phases(model: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torch.dtype | None,
                  last: int | None) -> Phases | None:
     """``Phases`` of ``c``'s step at batch 1 on a copy within what the device has free, ``None`` when it does not
-    fit. A function of its own so that the copy is gone when it returns, before the next one is made (a ``with``
-    in a loop keeps the last copy bound to its name until then)."""
+    fit; then, only when it fit, its step timed on the same copy and batch (the same step, so the memory it needs is
+    what was just measured within the bound). A function of its own so that the copy is gone when it returns, before
+    the next one is made (a ``with`` in a loop keeps the last copy bound to its name until then)."""
     with c.copy(model) as m:
         room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
         data = training_batch(m, imgsz, 1, objects)
         limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
-        return unless_oom(lambda: _phases(m, data, amp, last, limit), next(model.parameters()).device)
+        device = next(model.parameters()).device
+        phases = unless_oom(lambda: _phases(m, data, amp, last, limit), device)
+        if phases is None:
+            return None
+        # the same step again; still bounded by the device: a CUDA allocator may need more than the exact bytes
+        seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], device)
+        return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
+
+
+def per_region_modes(model: nn.Module) -> bool:
+    """Whether ``checkpoint_layers`` on this model takes a mode per region (``"0:selective"``); the grammar of
+    regions inside layers brings it."""
+    try:
+        CheckpointPlan.from_spec(model, [], ["0:selective"])
+    except (CheckpointConfigError, TypeError, ValueError):
+        return False
+    return True
 
 
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
     """Measure the plain step and each unit alone, in each mode, at batch 1 (on copies of the model), each within what
-    the device has free.
+    the device has free, and time each such step that fit.
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
@@ -295,19 +409,92 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
                              f"the device")
     units = [u for u in units if all((u, mode) in costs for mode in MODES)]
     plain = costs.pop((None, "full"))
-    return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head)
+    return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head,
+                 tuple(sorted(stages.items())), per_region_modes(model))
 
 
-def candidates(costs: Costs, batch: int, fixed: int) -> list[Candidate]:
-    """Every set of units in every mode, cheapest recompute first (then least predicted memory); ``fixed`` is what
-    no plan changes (model state, the batch on the device)."""
-    out = []
+def _mode_choices(costs: Costs, n: int) -> Iterator[tuple]:
+    """The modes ``n`` units may take together: each its own where the model's plans take per-region modes, else one
+    for all."""
+    return itertools.product(MODES, repeat=n) if costs.mixed else ((m,) * n for m in MODES)
+
+
+def space_size(costs: Costs) -> int:
+    """How many candidate plans ``costs``' units make: each unit off or in a mode (``3**n - 1`` with per-unit modes),
+    else every set of units in each mode."""
+    n = len(costs.units)
+    return (len(MODES) + 1) ** n - 1 if costs.mixed else len(MODES) * (2**n - 1)
+
+
+def _every_plan(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
+    """``(units, modes)`` of every candidate plan."""
     for n in range(1, len(costs.units) + 1):
         for subset in itertools.combinations(costs.units, n):
-            for mode in MODES:
-                peak, flops = costs.predict(subset, mode, batch)
-                out.append(Candidate(subset, mode, flops, fixed + peak, costs.head))
-    return sorted(out, key=lambda c: (c.flops, c.predicted_bytes))
+            for modes in _mode_choices(costs, n):
+                yield subset, modes
+
+
+class _Partial(NamedTuple):
+    """Units decided so far (in ``costs.units`` order) and what ``Costs.predict`` adds up over them at batch 1."""
+
+    units: tuple
+    modes: tuple
+    saved: int  # bytes no longer kept: what the forward and the units after these no longer hold
+    seconds: float  # recompute time
+    flops: int  # recompute FLOPs
+    window: int  # the largest backward window of these units less the savings before each
+
+
+def _undominated(plans: list[_Partial]) -> list[_Partial]:
+    """The plans no other beats in every respect (no more time, FLOPs or window, no less saving), at most
+    ``MAX_SPACE`` of them, least time first."""
+    kept: list[_Partial] = []
+    for q in sorted(plans, key=lambda q: (q.seconds, q.flops, -q.saved, q.window)):
+        if not any(k.seconds <= q.seconds and k.flops <= q.flops and k.saved >= q.saved and k.window <= q.window
+                   for k in kept):
+            kept.append(q)
+            if len(kept) == MAX_SPACE:
+                break
+    return kept
+
+
+def _front_plans(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
+    """``(units, modes)`` of the plans that some target makes worth measuring, unit by unit (a plan's predicted
+    peak falls with its saving and rises with its worst backward window; time and FLOPs add up): a prefix another
+    prefix beats in all four can only lead to plans beaten the same way, so it is dropped. This keeps planning
+    bounded where per-unit modes make the space exponential (``space_size``)."""
+    p = costs.plain
+    for only in [None] if costs.mixed else MODES:  # one mode for all: a front per mode
+        plans = [_Partial((), (), 0, 0.0, 0, -(2**62))]
+        for u in costs.units:
+            grown = list(plans)
+            for q in plans:
+                for m in MODES if only is None else (only,):
+                    ph = costs.unit[(u, m)]
+                    grown.append(_Partial((*q.units, u), (*q.modes, m), q.saved + p.kept - ph.kept,
+                                          q.seconds + max(ph.seconds - p.seconds, 0.0), q.flops + ph.flops - p.flops,
+                                          max(q.window, ph.window - q.saved)))
+            plans = _undominated(grown)
+        yield from ((q.units, q.modes) for q in plans if q.units)
+
+
+def candidate(costs: Costs, units: tuple, modes: tuple | str, batch: int, fixed: int) -> Candidate:
+    """``units`` in ``modes`` as a candidate at ``batch``, its bytes, FLOPs and step time predicted; ``fixed`` is what
+    no plan changes (model state, the batch on the device)."""
+    peak, flops = costs.predict(units, modes, batch)
+    return Candidate(units, modes, flops, fixed + peak, costs.head, costs.predict_seconds(units, modes, batch),
+                     costs.stage_layers)
+
+
+def candidates(costs: Costs, batch: int, fixed: int, max_space: int | None = None) -> list[Candidate]:
+    """Every set of units, each in every mode it may take (``_mode_choices``) — or, when that space holds more than
+    ``max_space`` plans (``MAX_SPACE``), only the plans no other beats (``_front_plans``) — least predicted step time
+    first (then least recompute FLOPs, least predicted memory); ``fixed`` is what no plan changes (model state, the
+    batch on the device)."""
+    every = space_size(costs) <= (MAX_SPACE if max_space is None else max_space)
+    out = [candidate(costs, units, modes, batch, fixed)
+           for units, modes in (_every_plan(costs) if every else _front_plans(costs))]
+    return sorted(out, key=lambda c: (c.seconds, c.flops, c.predicted_bytes))
 
 
 @dataclass(frozen=True)
@@ -320,7 +507,7 @@ class Over:
 def vanilla(costs: Costs, batch: int, fixed: int) -> Candidate:
     """The plain step as a candidate: no recompute, its bytes predicted from batch 1 (never measured at a batch it may
     not fit)."""
-    return Candidate((), "full", 0, fixed + costs.predict((), "full", batch)[0], costs.head)
+    return candidate(costs, (), (), batch, fixed)
 
 
 def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, costs: Costs,
@@ -349,7 +536,8 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
                 amp: torch.dtype | None = None, costs: Costs | None = None, measured: dict | None = None) -> Choice:
-    """The candidate with the least recompute FLOPs whose measured step at ``batch`` fits ``target`` bytes.
+    """The candidate with the least predicted step time whose measured step at ``batch`` fits ``target`` bytes; its
+    step is then timed at ``batch`` (``Choice.measured_seconds``) on a copy, in the memory just measured.
 
     Args:
         model: The model as it will train, plain (frozen layers already frozen), on its device.
@@ -359,7 +547,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         objects: Labelled objects per image in the measured batches.
         amp: Autocast dtype of the run's forward, ``None`` for full precision.
         costs: ``unit_costs`` of this model, when already measured.
-        measured: Steps already measured on this model at ``imgsz`` (``(units, mode, batch)`` keys, vanilla's units
+        measured: Steps already measured on this model at ``imgsz`` (``(units, modes, batch)`` keys, vanilla's units
             ``()``; ``Over`` values did not fit the target they were measured for), filled in as it measures, so
             that choosing for several targets measures each plan once (again only for a target larger than the one
             it did not fit).
@@ -376,7 +564,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
 
     def measure(c: Candidate) -> int | None:
         nonlocal extrapolated
-        key = (c.units, c.mode, batch)
+        key = (c.units, c.modes, batch)
         got = measured.get(key)
         if got is None or isinstance(got, Over) and got.target < target:  # a larger target may hold it: measure
             got, extra = measure_candidate(model, c, imgsz, batch, target, costs, objects, amp)
@@ -387,7 +575,8 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         return got if got is not None and got <= target else None
 
     def chosen(c: Candidate, got: int, later: list) -> Choice:
-        return Choice(c, c.plan(model), batch, got, target, base_flops, tried, later, costs, extrapolated)
+        seconds = None if extrapolated else time_candidate(model, c, imgsz, batch, objects, amp)
+        return Choice(c, c.plan(model), batch, got, target, base_flops, tried, later, costs, extrapolated, seconds)
 
     plain = vanilla(costs, batch, fixed)
     if plain.predicted_bytes <= target * (1 + MARGIN) and (got := measure(plain)) is not None:
@@ -396,7 +585,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
     for c in fitting[:MAX_MEASURED]:
         if (got := measure(c)) is not None:
-            return chosen(c, got, [a for a in fitting if a.flops >= c.flops and a != c][:3])
+            return chosen(c, got, [a for a in fitting if a.seconds >= c.seconds and a != c][:3])
     least_first = sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))  # a tie: the plan that recomputes more
     for c in least_first[:3]:
         if all(c != t.candidate for t in tried) and (got := measure(c)) is not None:
@@ -406,6 +595,16 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     raise NothingFits(f"checkpoint_stages=auto: nothing fits {target / 2**30:.3f} GB at batch {batch}, imgsz "
                       f"{imgsz}; the plan that keeps the least ({describe(least)}) needs at most "
                       f"{needed / 2**30:.3f} GB", needed)
+
+
+def time_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects: int = 50,
+                   amp: torch.dtype | None = None) -> float | None:
+    """Median time of ``c``'s step at ``batch`` on a copy (``TIMED_STEPS``); ``None`` when it ran out of memory (a
+    CUDA allocator may need more than the exact bytes counted). Call it only for a plan whose step was measured to
+    fit: the timed steps are that step again, so they need the memory it was measured to need."""
+    with c.copy(model) as m:
+        data = training_batch(m, imgsz, batch, objects)
+        return unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], next(model.parameters()).device)
 
 
 def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects: int = 50,
@@ -424,7 +623,7 @@ def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects
 def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,
                           amp: torch.dtype | None = None, max_batch: int = 1024) -> Choice:
     """AutoBatch with ``auto``: the largest batch any plan allows (at most ``max_batch``: Ultralytics caps AutoBatch at
-    the training images), then the cheapest plan that fits at that batch.
+    the training images), then the fastest plan (least predicted step time) that fits at that batch.
 
     The plans predicted to keep about the least are measured at the batch the first of them allows; the one measured
     to keep the least sets the batch (``plan_batch``).
@@ -433,7 +632,7 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         ValueError: When not even batch 1 fits with the plan that keeps the least.
     """
     costs = unit_costs(model, imgsz, objects, amp)
-    ranked = sorted(candidates(costs, 1, 0), key=lambda c: (c.predicted_bytes, c.flops))
+    ranked = sorted(candidates(costs, 1, 0), key=lambda c: (c.predicted_bytes, c.seconds))
     near = [c for c in ranked if c.predicted_bytes <= ranked[0].predicted_bytes * (1 + MARGIN)][:MAX_MEASURED]
     target = int(fraction * budget)
 
@@ -452,13 +651,13 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         got, _ = measure_candidate(model, c, imgsz, first.batch, target, costs, objects, amp)
         if got is not None:
             sizes[c] = got
-    least = min(sizes, key=lambda c: (sizes[c], c.flops)) if sizes else near[0]
+    least = min(sizes, key=lambda c: (sizes[c], c.seconds)) if sizes else near[0]
     best = first if least == near[0] or first.batch >= max_batch else max(first, largest(least),
                                                                            key=lambda b: b.batch)
     return choose_plan(model, imgsz, best.batch, best.target_bytes, objects, amp, costs)
 
 
 def escalations(costs: Costs, current: int, batch: int, fixed: int) -> list[Candidate]:
-    """The plans predicted to keep less than ``current`` step bytes at ``batch``, cheapest recompute first: where a
-    run that ran out of memory goes next (the first of them is the next point of the Pareto front)."""
+    """The plans predicted to keep less than ``current`` step bytes at ``batch``, least predicted step time first:
+    where a run that ran out of memory goes next (the first of them is the next point of the Pareto front)."""
     return [c for c in candidates(costs, batch, fixed) if c.predicted_bytes < current]

@@ -38,14 +38,16 @@ def _row(c: Candidate, fit: Fit | None) -> dict:
     return {"plan": describe(c), **c.settings, "fits": fit is not None,
             "step_bytes": fit.step_bytes if fit else None, "flops": fit.flops if fit else None,
             "step_MiB": mib(fit.step_bytes) if fit else None, "peak_ratio": None, "flops_ratio": None,
-            "predicted_MiB": mib(c.predicted_bytes)}
+            "predicted_MiB": mib(c.predicted_bytes), "predicted_s": round(c.seconds, 4)}
 
 
 def _ratios(rows: list[dict]) -> None:
-    """Ratios to vanilla (``rows[0]``) of step bytes and FLOPs, both measured; none when vanilla did not fit."""
+    """Ratios to vanilla (``rows[0]``) of step bytes and FLOPs, both measured (none when vanilla did not fit), and of
+    predicted step time."""
     for r in rows:
         r["peak_ratio"] = ratio(r["step_bytes"], rows[0]["step_bytes"], 4)
         r["flops_ratio"] = ratio(r["flops"], rows[0]["flops"], 4)
+        r["predicted_time_ratio"] = ratio(r["predicted_s"], rows[0]["predicted_s"], 4)
 
 
 def _spec(row: dict) -> tuple:
@@ -79,16 +81,18 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
         (list[dict]): One row per plan, vanilla first: settings, ``fits`` (its step fit the device), step bytes (model
         state, batch and exact step peak, as planning counts them) and FLOPs, their ratios to vanilla's (only where
         both were measured), the predicted bytes, the Pareto flag (measured plans only), and for Pareto plans (and
-        vanilla) the measured step time ``step_s`` (median of ``repeats``) and its ratio to vanilla's.
+        vanilla) the measured step time ``step_s`` (median of ``repeats``) and its ratio to vanilla's; every row has
+        the planner's predicted step time ``predicted_s`` (from the batch-1 steps timed in ``unit_costs``) and its
+        ratio to vanilla's prediction.
     """
     costs = costs or unit_costs(model, imgsz, amp=amp)
     share = measured is not None and device_memory(next(model.parameters()).device) is None
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
     rows: list[dict] = []
     for c in [vanilla(costs, batch, fixed), *candidates(costs, batch, fixed)]:
-        fit = plan_step(model, (c.settings["checkpoint_stages"], c.mode, c.layers), imgsz, batch, amp)
+        fit = plan_step(model, c.spec, imgsz, batch, amp)
         if share:
-            measured[c.units, c.mode, batch] = fit.step_bytes
+            measured[c.units, c.modes, batch] = fit.step_bytes
         rows.append(_row(c, fit))
     _ratios(rows)
     pareto(rows)
@@ -171,7 +175,7 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
         try:
             choice = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs, measured=measured)
             c = choice.candidate
-            chosen = next(r for r in rows if r["plan"] == describe(c) and r["checkpoint_mode"] == c.mode)
+            chosen = next(r for r in rows if r["plan"] == describe(c))  # one name per plan, modes included
             chosen["auto"] = True
             where = f" on the {dev.name}" + (" (extrapolated from batches it holds)" if choice.extrapolated else "") \
                 if dev is not None else ""
@@ -219,6 +223,14 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
     return rows
 
 
+def _times(row: dict) -> str:
+    """`` (1.12x time, predicted 1.10x)``: a front point's measured and predicted step time, as ratios to vanilla."""
+    shown = [f"{row['time_ratio']:.2f}x time"] if row.get("time_ratio") is not None else []
+    if row.get("predicted_time_ratio") is not None:
+        shown.append(f"predicted {row['predicted_time_ratio']:.2f}x")
+    return f" ({', '.join(shown)})" if shown else ""
+
+
 def plot_front(rows: list[dict], path, chosen: dict | None = None) -> None:
     """Memory against FLOPs for every measured plan (ratios to vanilla; absolute when vanilla did not fit the
     device), the Pareto front joined and labelled, ``chosen`` ringed where it was measured."""
@@ -236,8 +248,7 @@ def plot_front(rows: list[dict], path, chosen: dict | None = None) -> None:
     if chosen and chosen["fits"]:
         ax.scatter([chosen[x]], [chosen[y]], s=160, facecolors="none", edgecolors="tab:red", linewidths=2,
                    label=f"auto: {chosen['plan']}")
-    legend_points(ax, front, x, y,
-                  lambda r: r["plan"] + (f" ({r['time_ratio']:.2f}x time)" if "time_ratio" in r else ""))
+    legend_points(ax, front, x, y, lambda r: r["plan"] + _times(r))
     ax.set(xlabel=f"FLOPs{unit}", ylabel=f"step memory{unit or ' (MiB)'}",
            title="checkpoint plans: memory vs recompute" + ("" if unit else " (vanilla does not fit the device)"))
     ax.grid(alpha=0.3)
