@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 from collections.abc import Iterator
@@ -446,15 +447,25 @@ class _Partial(NamedTuple):
 
 
 def _undominated(plans: list[_Partial]) -> list[_Partial]:
-    """The plans no other beats in every respect (no more time, FLOPs or window, no less saving), at most
-    ``MAX_SPACE`` of them, least time first."""
+    """The plans no other beats — one with less time (or as much and fewer FLOPs), as much saving and no larger
+    window — at most ``MAX_SPACE`` of them, fastest first. Taken in that order, only earlier plans can beat a plan,
+    and of those only the staircase of (saving, window) matters: along it the window grows with the saving, so the
+    first step saving at least as much has the least window of all that do."""
     kept: list[_Partial] = []
+    saved: list[int] = []  # the staircase: savings ascending, windows ascending with them
+    windows: list[int] = []
     for q in sorted(plans, key=lambda q: (q.seconds, q.flops, -q.saved, q.window)):
-        if not any(k.seconds <= q.seconds and k.flops <= q.flops and k.saved >= q.saved and k.window <= q.window
-                   for k in kept):
-            kept.append(q)
-            if len(kept) == MAX_SPACE:
-                break
+        at = bisect.bisect_left(saved, q.saved)
+        if at < len(saved) and windows[at] <= q.window:
+            continue
+        kept.append(q)
+        start = at
+        while start and windows[start - 1] >= q.window:  # steps q beats: no more saving, no less window
+            start -= 1
+        saved[start:at] = [q.saved]
+        windows[start:at] = [q.window]
+        if len(kept) == MAX_SPACE:
+            break
     return kept
 
 
