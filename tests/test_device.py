@@ -23,7 +23,7 @@ from yolo_ckpt.device import (
     output_bytes,
     simulated_device,
 )
-from yolo_ckpt.measure import planned_copy, step_bytes
+from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_bytes
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
 
@@ -134,6 +134,41 @@ def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
         assert step_bytes(m, IMGSZ, batch) == choice.measured_bytes  # the measurement is a plain, unguarded step
 
 
+def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch):
+    """Planning times each unit's batch-1 step on the device: on a device that holds them, every unit is timed and
+    the whole measurement, the model included, stays on the device; on one too small for vanilla's batch-1 step, no
+    step is ever timed and nothing passes the device."""
+    import yolo_ckpt.planner as planner
+
+    model = small_model()
+    timed = []
+
+    def counted(models, batch, repeats, amp=None):
+        timed.append(batch["img"].shape)
+        return time_steps(models, batch, repeats, amp)
+
+    time_steps = planner.time_steps
+    monkeypatch.setattr(planner, "time_steps", counted)
+    with planned_copy(model, ()) as m:
+        one = step_bytes(m, IMGSZ, 1)  # vanilla's batch-1 step, as planning counts it
+    state = [*model.parameters(), *model.buffers()]
+    with LiveTensorTracker() as outside, SimulatedDevice(3 * one) as gpu:
+        gpu.track(state)
+        costs = unit_costs(model, IMGSZ)
+    assert outside.peak <= gpu.limit and len(timed) == 1 + len(costs.unit) == 1 + 2 * len(costs.units)
+    assert costs.plain.seconds > 0 and all(p.seconds > 0 for p in costs.unit.values())
+    timed.clear()
+    big = 2 * IMGSZ  # at 128 px the step is no larger than the stride dry run (no grad, 256 px): a size above it
+    with planned_copy(model, ()) as m:
+        one = step_bytes(m, big, 1)
+    small = 2 * weight_bytes(model) + (one - state_bytes(model)) // 3  # the model and a copy, not the step
+    with LiveTensorTracker() as outside, SimulatedDevice(small) as gpu:
+        gpu.track(state)
+        with pytest.raises(ValueError, match=f"a training step at batch 1, imgsz {big} does not fit the device"):
+            unit_costs(model, big)
+    assert not timed and outside.peak <= gpu.limit
+
+
 # ------------------------------------------------------------------------ training on a simulated device
 RUN = {**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False}
 KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
@@ -189,7 +224,7 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
     included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
     plan's batch is the largest whose step fits."""
-    from yolo_ckpt.measure import planned_copy, step_bytes
+    from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_bytes
 
     device = device_bytes(detect_data, 2.0) * 5 // 6
     r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
