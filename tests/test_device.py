@@ -224,7 +224,7 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
     included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
     plan's batch is the largest whose step fits."""
-    from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_bytes
+    from yolo_ckpt.measure import planned_copy, step_bytes
 
     device = device_bytes(detect_data, 2.0) * 5 // 6
     r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
