@@ -600,8 +600,8 @@ class CheckpointMixin(DistributedMixin):
         what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
                 else "the largest batch" if autobatch else f"batch {batch}")
         less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
-        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least recompute that fits {fraction:.0%} of {source}"
-                    f"{less} at imgsz={imgsz}, {what}...")
+        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
+                    f"{source}{less} at imgsz={imgsz}, {what}...")
         try:
             if autobatch:
                 choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
