@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import cv2
@@ -101,12 +102,19 @@ def count_forwards(trainer) -> None:
     """
     model = unwrap_model(trainer.model)
     trainer.forward_counts = counts = [0] * len(model.model)
+    trainer.conv_counts = convs = {}  # every convolution by name: a recomputed part runs its convolutions again
 
     def hook(m, args):
         if m.training and torch.is_grad_enabled():
             counts[m.i] += 1
 
-    trainer.forward_hooks = [m.register_forward_pre_hook(hook) for m in model.model]
+    def conv_hook(name, m, args):
+        if m.training and torch.is_grad_enabled():
+            convs[name] = convs.get(name, 0) + 1
+
+    trainer.forward_hooks = [m.register_forward_pre_hook(hook) for m in model.model] + [
+        m.register_forward_pre_hook(partial(conv_hook, name)) for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Conv2d)]
 
 
 def dump_training(trainer) -> None:
@@ -116,6 +124,7 @@ def dump_training(trainer) -> None:
     out = Path(trainer.save_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"forwards_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "forward_counts", None)))
+    (out / f"convs_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "conv_counts", None)))
     # whether this rank measured auto's unit costs itself (under DDP only rank 0 plans and broadcasts)
     (out / f"planned_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "_plan_costs", None) is not None))
     if isinstance(trainer.model, torch.nn.Module):
@@ -133,6 +142,28 @@ def add_counting(model) -> None:
 
 def forward_counts(run_dir: Path, rank: int = -1) -> list[int]:
     return json.loads((Path(run_dir) / f"forwards_rank{rank}.json").read_text())
+
+
+def conv_counts(run_dir: Path, rank: int = -1) -> dict[str, int]:
+    return json.loads((Path(run_dir) / f"convs_rank{rank}.json").read_text())
+
+
+def assert_convs_recomputed(vanilla: dict[str, int], ckpt: dict[str, int], plan: CheckpointPlan) -> None:
+    """Each convolution ran once per step, as in vanilla, outside every region; inside exactly one region once more
+    (its recompute); inside nested regions at least once and at most once per region more (an outer recompute stops
+    once the tensors it holds itself are back, torch's early stop, before a part with its own checkpoint)."""
+    def around(name: str) -> int:
+        i, path = int(name.split(".")[1]), name.split(".", 2)[2]
+        layer = any(i in r.layers for r in plan.regions if not r.parts)
+        parts = sum(any(path == p or path.startswith(p + ".") for p in r.parts) for r in plan.part_regions
+                    if r.layers[0] == i)
+        return layer + parts
+
+    assert set(vanilla) == set(ckpt)
+    for name, n in vanilla.items():
+        k = around(name)
+        low, high = (n, n) if k == 0 else (2 * n, (1 + k) * n)
+        assert low <= ckpt[name] <= high, f"{name}: {ckpt[name]} forwards, not in [{low}, {high}] ({k} regions)"
 
 
 def assert_recomputed(vanilla: list[int], ckpt: list[int], layers: set[int]) -> None:
@@ -425,6 +456,9 @@ def train_pair(model: str, stages, data: str, project: Path, mode: str = "full",
 
 def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:
     """Bit for bit the same run, and the plan's layers were recomputed in every step (the forward counts)."""
-    recomputed = {i for r in CheckpointPlan.from_spec(model, stages, layers).regions for i in r.layers}
+    plan = CheckpointPlan.from_spec(model, stages, layers)
+    recomputed = {i for r in plan.regions if not r.parts for i in r.layers}  # parts recompute inside their layer
     assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), recomputed)
+    if plan.part_regions:
+        assert_convs_recomputed(conv_counts(vanilla), conv_counts(ckpt), plan)
     assert_same_run(vanilla, ckpt)

@@ -210,7 +210,21 @@ def test_bad_layers_cli_one_line_before_any_work(value, tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("yolo-ckpt: error: checkpoint_layers=")
     assert errors[0].endswith("Valid: 'head' (every layer after the backbone that stores activations), layer indices "
-                              "0-23, [first, last] ranges of them, or [] for none.")
+                              "0-23, [first, last] ranges of them, parts of a layer ('2.cv1', '2.m.0-cv2', '2.*'; "
+                              "':full'/':selective' after any string item), or [] for none.")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value, says", [
+    ("[4.m.1,23.*]", "'m.1' is not a part of layer 4. Valid parts of layer 4 (C3k2): cv1, m.0, cv2"),
+    ("[4.m.0-cv2:selective]", "4.m.0-cv2:selective is a run of parts of layer 4's own forward, recomputed full only"),
+])
+def test_bad_parts_cli_one_line_before_any_work(value, says, tmp_path):
+    """Parts as a user types them (an unquoted list), checked against the model before any work."""
+    out = run("yolo-ckpt", "train", "checkpoint_stages=[2]", f"checkpoint_layers={value}",
+              f"project={tmp_path / 'runs'}", env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
+    errors = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(errors) == 1 and says in errors[0], out.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -13,6 +13,7 @@ from yolo_ckpt import enable_checkpointing
 from yolo_ckpt.stages import (
     CheckpointConfigError,
     CheckpointPlan,
+    Span,
     head_layers,
     model_stages,
     parse_layer_spec,
@@ -194,14 +195,18 @@ def test_head_regions_hold_no_tensor_only_for_the_recompute():
 
 
 @pytest.mark.parametrize("spec, expected", [
-    (None, []), ([], []), ("head", None), (" HEAD ", None), (12, [(12, 12)]),
-    ([22, [13, 15], 16], [(13, 15), (16, 16), (22, 22)]), ((0, (1, 1)), [(0, 0), (1, 1)]),
+    (None, []), ([], []), ("head", None), (" HEAD ", None), (12, [Span(12, 12)]),
+    ([22, [13, 15], 16], [Span(13, 15), Span(16, 16), Span(22, 22)]), ((0, (1, 1)), [Span(0, 0), Span(1, 1)]),
+    (["13-15", "16:selective", "2.m.0-cv2:FULL", "23.*", "23.cv2.0"],
+     [Span(2, 2, ("m.0", "cv2"), "full"), Span(13, 15), Span(16, 16, None, "selective"), Span(23, 23, "*"),
+      Span(23, 23, ("cv2.0", "cv2.0"))]),
 ])
 def test_parse_valid_layer_specs(spec, expected):
     assert parse_layer_spec(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["neck", "all", -1, 1.0, True, [[3, 2]], [[1, 2, 3]], [[1, 3], 2], [4, 4], {"a": 1}])
+@pytest.mark.parametrize("spec", ["neck", "all", -1, 1.0, True, [[3, 2]], [[1, 2, 3]], [[1, 3], 2], [4, 4], {"a": 1},
+                                  ["2.cv1:fast"], ["2-4.cv1"], ["2.*-cv2"], ["4-2"], ["1-2", 2], ["2."], ["x.cv1"]])
 def test_invalid_layer_specs_name_what_is_valid(spec):
     with pytest.raises(CheckpointConfigError, match=r"Valid: 'head' .* layer indices 0-23, \[first, last\] ranges"):
         CheckpointPlan.from_spec("yolo11n.yaml", [], spec)

@@ -56,7 +56,9 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
                           "'all', 'auto' (the plan with the least predicted step time that fits; needs memory_budget "
                           "or CUDA), or [] for off", "checkpoint_stages=[2,3]"),
     "checkpoint_layers": ("'head' (every layer after the backbone that stores activations), layer indices and "
-                          "[first, last] ranges (one region each), or [] for none", "checkpoint_layers=head"),
+                          "[first, last] ranges (one region each), parts of a layer ('2.cv1', a run '2.m.0-cv2', each "
+                          "part '23.*'; nested inside other regions), any string item with ':full' or ':selective', "
+                          "or [] for none", "checkpoint_layers=head"),
     "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep convolution outputs: "
                         "almost no recompute FLOPs, less saving)", "checkpoint_mode=selective"),
     "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),

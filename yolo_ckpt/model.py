@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .recompute import MODES, checkpoint_region
+from .recompute import MODES, checkpoint_region, stored_as_usual
 from .stages import CheckpointConfigError, CheckpointPlan, Region, layer_inputs
 
 SUPPORTED_MODELS = ("Valid: the detect, segment, pose, obb and classify models of YOLOv3-v10, YOLO11, YOLO12 and "
@@ -117,7 +117,7 @@ def _run_layers(model: nn.Module, mode: str, wiring: dict[int, _Wiring], x: Any,
             continue
         members = [layers[j] for j in w.region.layers]
         outs = checkpoint_region(partial(_run_region, members, w, call), x, *(y[j] for j in w.outside),
-                                 modules=members, mode=mode)
+                                 modules=members, mode=w.region.mode or mode)
         n = 0  # indexing, not iter()/next(): the loop stays traceable by torch.compile (one graph, no breaks)
         for k in w.wanted:
             y.append(outs[n] if k else None)
@@ -166,6 +166,132 @@ def _entry_point(model: nn.Module) -> tuple[str, Callable[..., Any]]:
     return "_predict_once", _predict_once
 
 
+# ------------------------------------------------------------------------------------------- regions inside layers
+# A part (``Region.parts``) is recomputed by shadowing ``forward`` on the part's instance, as for the layer loop:
+# nothing is wrapped, so state_dict keys and ``isinstance`` stay, and ``disable_checkpointing`` removes every shadow.
+# Each shadow keeps the instance's own ``forward`` it replaced (``prior``: Ultralytics' ``fuse()`` sets one) and runs
+# the class's ``forward`` otherwise; outside training with grad it only calls it.
+
+
+def _inner(module: nn.Module, prior: Callable[..., Any] | None) -> Callable[..., Any]:
+    return prior if prior is not None else type(module).forward.__get__(module)
+
+
+def _part_forward(module: nn.Module, prior: Callable[..., Any] | None, mode: str, *args: Any, **kwargs: Any) -> Any:
+    """One part recomputed in backward (a nested checkpoint when its layer's region is recomputed too)."""
+    forward = _inner(module, prior)
+    if kwargs:
+        forward = partial(forward, **kwargs)
+    if not _training(module):
+        return forward(*args)
+    return checkpoint_region(forward, *args, modules=[module], mode=mode)
+
+
+def _chain(children: list[nn.Module], x: Any) -> Any:
+    for m in children:
+        x = m(x)
+    return x
+
+
+def _chain_forward(seq: nn.Sequential, prior: Callable[..., Any] | None, runs: tuple[tuple[int, int, str], ...],
+                   x: Any) -> Any:
+    """``nn.Sequential.forward`` (each child on the previous output) with runs of children ``(first, last, mode)``
+    each recomputed as one region."""
+    if prior is not None or not _training(seq):
+        return _inner(seq, prior)(x)
+    children, i = list(seq), 0
+    starts = {first: (last, mode) for first, last, mode in runs}
+    while i < len(children):
+        if i in starts:
+            last, mode = starts[i]
+            run = children[i:last + 1]
+            x = checkpoint_region(partial(_chain, run), x, modules=run, mode=mode)
+            i = last + 1
+        else:
+            x = children[i](x)
+            i += 1
+    return x
+
+
+def _own_run_forward(layer: nn.Module, prior: Callable[..., Any] | None, state: dict, *args: Any) -> Any:
+    """A layer whose forward calls a run of its parts recomputed as one region: the whole forward is checkpointed, the
+    parts outside the run store for backward as without checkpointing (``_outside_forward``) and, in the recompute
+    (which stops after the run's last stored tensor: torch's early stop), give back what they gave in the forward."""
+    forward = _inner(layer, prior)
+    if not _training(layer):
+        return forward(*args)
+    outputs: list[Any] = []
+    runs = [0]
+
+    def replay(*a: Any) -> Any:
+        state.update(outputs=outputs, at=0, replay=runs[0] > 0)
+        runs[0] += 1
+        try:
+            return forward(*a)
+        finally:
+            state.update(outputs=None)
+
+    return checkpoint_region(replay, *args, modules=[layer], mode="full")
+
+
+def _outside_forward(module: nn.Module, prior: Callable[..., Any] | None, state: dict, *args: Any) -> Any:
+    """A part outside its layer's run (``_own_run_forward``): stored as usual in the forward, replayed from it."""
+    forward = _inner(module, prior)
+    if state.get("outputs") is None:  # the layer is not recomputing a run now (eval, no grad)
+        return forward(*args)
+    if state["replay"]:
+        state["at"] += 1
+        return state["outputs"][state["at"] - 1]
+    with stored_as_usual():
+        out = forward(*args)
+    state["outputs"].append(out)
+    return out
+
+
+SHADOWS = (_part_forward, _chain_forward, _own_run_forward, _outside_forward)
+
+
+def _shadow(module: nn.Module, fn: Callable[..., Any], *args: Any) -> None:
+    module.forward = partial(fn, module, module.__dict__.get("forward"), *args)
+
+
+def check_plan(plan: CheckpointPlan, mode: str, compile: Any = False) -> None:
+    """Raise the one-line error for a run of a layer's own parts (``Region.siblings``) that cannot run as asked: it is
+    recomputed ``full`` only (its recompute serves the other parts from the forward, which a selective cache, matched
+    op by op, cannot skip) and eagerly only (``torch.compile`` breaks its graph at the saved-tensor hooks)."""
+    runs = [r for r in plan.part_regions if r.siblings]
+    if bad := next((r for r in runs if (r.mode or mode) != "full"), None):
+        raise CheckpointConfigError(f"checkpoint_layers: {bad.name} is a run of parts of layer {bad.layers[0]}'s own "
+                                    f"forward, recomputed full only. Valid: give it ':full', or selective single parts "
+                                    f"and runs inside Sequential parts.")
+    if runs and compile:
+        raise CheckpointConfigError(f"checkpoint_layers: {runs[0].name} is a run of parts of layer "
+                                    f"{runs[0].layers[0]}'s own forward, which compile={compile!r} cannot trace in one "
+                                    f"graph. Valid with compile: single parts, runs inside Sequential parts, layers.")
+
+
+def _install_parts(model: nn.Module, plan: CheckpointPlan, mode: str) -> None:
+    """Shadow the forwards that recompute the plan's regions inside layers."""
+    chains: dict[int, tuple[nn.Sequential, list]] = {}
+    for r in plan.part_regions:
+        layer, how = model.model[r.layers[0]], r.mode or mode
+        if r.siblings:
+            state: dict = {}
+            for name in r.siblings:
+                if name not in r.parts:
+                    _shadow(layer.get_submodule(name), _outside_forward, state)
+            _shadow(layer, _own_run_forward, state)
+        elif len(r.parts) == 1:
+            _shadow(layer.get_submodule(r.parts[0]), _part_forward, how)
+        else:  # children of a Sequential (the layer or one of its parts)
+            parent = r.parts[0].rpartition(".")[0]
+            seq = layer.get_submodule(parent) if parent else layer
+            index = [n.rpartition(".")[2] for n in r.parts]
+            chains.setdefault(id(seq), (seq, []))[1].append((int(index[0]), int(index[-1]), how))
+    for seq, runs in chains.values():
+        _shadow(seq, _chain_forward, tuple(runs))
+
+
 def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "full") -> None:
     """Make ``model`` recompute the plan's regions during backward; an empty plan leaves it plain.
 
@@ -178,15 +304,24 @@ def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "fu
         raise ValueError(f"checkpoint mode {mode!r} is not one of {MODES}")
     disable_checkpointing(model)
     if plan.regions:
+        check_plan(plan, mode)
         name, loop = _entry_point(model)
-        wiring = {r.layers[0]: _Wiring.of(model.model, r) for r in plan.regions}
+        wiring = {r.layers[0]: _Wiring.of(model.model, r) for r in plan.regions if not r.parts}
         setattr(model, name, partial(loop, model, plan, mode, wiring))
+        _install_parts(model, plan, mode)
 
 
 def disable_checkpointing(model: nn.Module) -> None:
-    """Restore Ultralytics' own forward loop on ``model`` (no-op on a plain model)."""
+    """Restore Ultralytics' own forward loop and every module's own ``forward`` on ``model`` (no-op on a plain
+    model)."""
     for name in ENTRY_POINTS:
         model.__dict__.pop(name, None)
+    for m in model.modules():
+        while isinstance(fn := m.__dict__.get("forward"), partial) and fn.func in SHADOWS:
+            if fn.args[1] is None:
+                del m.forward
+            else:
+                m.forward = fn.args[1]
 
 
 def checkpoint_plan(model: nn.Module) -> CheckpointPlan | None:

@@ -63,7 +63,7 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
         rows.append({
             "plan": name,
             "stages": CheckpointPlan.from_spec(model, plans[name][0]).stages,
-            "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:]).layer_regions,
+            "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:]).layer_spec(),
             "mode": plans[name][1],
             "fits": fit is not None,
             "peak_MiB": mib(peak),

@@ -53,6 +53,16 @@ def restored_buffers(modules: Iterable[nn.Module]) -> Iterator[None]:
                 b.copy_(s)
 
 
+def stored_as_usual() -> torch.autograd.graph.saved_tensors_hooks:
+    """Tensors saved for backward inside the block are stored as without checkpointing, also inside a checkpoint's
+    forward (the innermost saved-tensor hooks apply): the parts of a layer outside a run it recomputes."""
+    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 MODES = ("full", "selective")
 """How a region is recomputed: ``full`` keeps only the region's inputs; ``selective`` also keeps the outputs of its
 expensive ops (convolutions, matrix products) and recomputes the rest (normalisation, activations, elementwise ops,

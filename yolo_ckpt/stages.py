@@ -15,11 +15,13 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -49,10 +51,26 @@ class Region:
     Attributes:
         stages (tuple[int, ...]): Backbone stages k (output stride 2**k) the region covers, ascending.
         layers (tuple[int, ...]): Indices into ``model.model``, ascending and contiguous.
+        parts (tuple[str, ...]): For a region inside a layer (``layers`` is that one layer): its run of parts in call
+            order, named by their module paths inside the layer (``("m.0", "cv2")``); ``()`` for whole layers.
+        mode (str | None): How this region is recomputed (``full``/``selective``); ``None``: the plan's mode.
+        siblings (tuple[str, ...]): For a run of several parts the layer's own code calls: every part it calls, in
+            order (the recompute replays the layer's forward, serving the parts outside the run from the forward).
     """
 
     stages: tuple[int, ...]
     layers: tuple[int, ...]
+    parts: tuple[str, ...] = ()
+    mode: str | None = None
+    siblings: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The region in ``checkpoint_layers`` spelling: ``13``, ``0-4``, ``2.cv1``, ``2.m.0-cv2``, with ``:mode``."""
+        where = str(self.layers[0]) if len(self.layers) == 1 else f"{self.layers[0]}-{self.layers[-1]}"
+        if self.parts:
+            where += "." + (self.parts[0] if len(self.parts) == 1 else f"{self.parts[0]}-{self.parts[-1]}")
+        return where + (f":{self.mode}" if self.mode else "")
 
 
 @dataclass(frozen=True)
@@ -72,14 +90,25 @@ class CheckpointPlan:
 
     @property
     def layer_regions(self) -> list[list[int]]:
-        """Regions from ``checkpoint_layers`` (not backbone stages), as layer index lists."""
-        return [list(r.layers) for r in self.regions if not r.stages]
+        """Regions of whole layers from ``checkpoint_layers`` (not backbone stages), as layer index lists."""
+        return [list(r.layers) for r in self.regions if not r.stages and not r.parts]
+
+    @property
+    def part_regions(self) -> list[Region]:
+        """Regions inside layers (``checkpoint_layers`` parts), in forward order."""
+        return [r for r in self.regions if r.parts]
+
+    def layer_spec(self) -> list[str]:
+        """``checkpoint_layers`` that gives this plan's regions that are not backbone stages (with their modes)."""
+        return [r.name for r in self.regions if not r.stages]
 
     def describe(self, mode: str = "full") -> str:
-        """One line for logs: ``stages [2, 3] + layers [13] [16] selective``; ``none`` when off."""
+        """One line for logs: ``stages [2, 3] + layers [13] [16] + parts 2.m.0-cv2 selective``; ``none`` when off."""
         parts = [f"stages {self.stages}"] if self.stages else []
-        if layers := self.layer_regions:
-            parts.append("layers " + " ".join(f"[{r[0]}]" if len(r) == 1 else f"[{r[0]}-{r[-1]}]" for r in layers))
+        if layers := [r for r in self.regions if not r.stages and not r.parts]:
+            parts.append("layers " + " ".join(f"[{r.name}]" for r in layers))
+        if inside := self.part_regions:
+            parts.append("parts " + " ".join(r.name for r in inside))
         return " + ".join(parts or ["none"]) + (" selective" if mode == "selective" and parts else "")
 
     @classmethod
@@ -140,12 +169,12 @@ class CheckpointPlan:
             else:
                 regions.append(Region((k,), stages[k]))
         taken = {i: r for r in regions for i in r.layers}
-        if clash := next((i for r in extra for i in r.layers if i in taken), None):
+        if clash := next((i for r in extra if not r.parts for i in r.layers if i in taken), None):
             raise CheckpointConfigError(
                 f"checkpoint_layers={_show(layers)}: layer {clash} is already in checkpoint_stages={_show(spec)} "
                 f"(stage {taken[clash].stages[0]}).", _layers_hint(model)
             )
-        return cls(tuple(sorted((*regions, *extra), key=lambda r: r.layers[0])))
+        return cls(tuple(sorted((*regions, *extra), key=lambda r: (r.layers[0], bool(r.parts)))))
 
     def without_frozen(self, model: nn.Module) -> tuple[CheckpointPlan, list[int]]:
         """This plan minus the stages that store nothing for backward: all parameters frozen, no gradient coming in.
@@ -167,7 +196,7 @@ class CheckpointPlan:
         if not dropped and not dropped_layers:
             return self, []
         staged = CheckpointPlan.from_spec(model, [k for k in self.stages if k not in dropped]).regions
-        plan = CheckpointPlan(tuple(sorted((*staged, *kept_extra), key=lambda r: r.layers[0])))
+        plan = CheckpointPlan(tuple(sorted((*staged, *kept_extra), key=lambda r: (r.layers[0], bool(r.parts)))))
         return plan, [*dropped, *(f"layer {i}" for i in dropped_layers)]
 
 
@@ -276,38 +305,98 @@ def layer_inputs(m: nn.Module) -> list[int]:
     return [m.i + j if j < 0 else j for j in ([m.f] if isinstance(m.f, int) else m.f)]
 
 
-def parse_layer_spec(spec: Any) -> list[tuple[int, int]] | None:
+class Span(NamedTuple):
+    """One ``checkpoint_layers`` item: layers ``first``-``last``, or parts of layer ``first``.
+
+    Attributes:
+        first (int): First layer.
+        last (int): Last layer (``first`` for parts).
+        parts (tuple[str, str] | str | None): ``None`` for whole layers, ``"*"`` for each part of the layer its own
+            region, or the first and last part of a run (equal for one part).
+        mode (str | None): The region's own mode (``:full``/``:selective``), ``None`` for the plan's.
+    """
+
+    first: int
+    last: int
+    parts: tuple[str, str] | str | None = None
+    mode: str | None = None
+
+
+_ITEM = re.compile(r"^(\d+)(?:-(\d+))?(?:\.(\*|[A-Za-z_][\w.]*?)(?:-([A-Za-z_][\w.]*))?)?(?::(\w+))?$")
+
+
+def _span(item: Any, spec: Any) -> Span:
+    """Parse one item: an index, a ``[first, last]`` pair or a string (``13``, ``0-4``, ``2.cv1``, ``2.m.0-cv2``,
+    ``2.*``, each with an optional ``:full``/``:selective``)."""
+    from .recompute import MODES
+
+    if isinstance(item, str):
+        found = _ITEM.match(item.strip())
+        if not found or (found[2] and found[3]):
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {item!r} is not a layer, layer range or "
+                                        f"part of a layer.", _layers_hint())
+        first, last, part, until, mode = found.groups()
+        if mode is not None and word(mode) not in MODES:
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {item!r} has mode {mode!r}; modes are "
+                                        f"{' and '.join(MODES)}.", _layers_hint())
+        parts = None if part is None else "*" if part == "*" else (part, until or part)
+        if parts == "*" and until:
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {item!r}: '*' stands alone.",
+                                        _layers_hint())
+        return Span(int(first), int(last or first), parts, word(mode))
+    pair = list(item) if isinstance(item, (list, tuple)) else [item, item]
+    if len(pair) != 2 or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in pair):
+        raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {item!r} is not a layer index or "
+                                    f"[first, last] range.", _layers_hint())
+    return Span(pair[0], pair[1])
+
+
+def _unquoted(text: str) -> list:
+    """``[2.*, 23.cv2.0, [0, 4], 16]`` written without quotes, which Ultralytics' CLI hands over as one string (it
+    cannot be read as a Python literal): string items, with ``[first, last]`` pairs and indices as numbers."""
+    items = re.findall(r"\[\s*\d+\s*,\s*\d+\s*\]|[^,\[\]\s'\"]+", text.strip()[1:-1])
+    return [[int(i) for i in re.findall(r"\d+", x)] if x.startswith("[") else int(x) if x.isdigit() else x
+            for x in items]
+
+
+def parse_layer_spec(spec: Any) -> list[Span] | None:
     """Check the form of a ``checkpoint_layers`` value without a model.
 
+    The grammar (each item's meaning never depends on other keys): ``13`` or ``"13"`` is layer 13; ``[13, 15]`` or
+    ``"13-15"`` layers 13-15 as one region; ``"2.cv1"`` the part ``cv1`` of layer 2 (a module its forward calls,
+    named by its path inside the layer: what follows ``model.2.`` in state_dict keys); ``"2.m.0-cv2"`` the run of
+    parts from ``m.0`` to ``cv2`` in the order the layer calls them; ``"2.*"`` each part of layer 2 its own region.
+    A string item may end in ``:full`` or ``:selective``, that region's mode (otherwise ``checkpoint_mode``). A part
+    inside another region (a stage, a layer, a larger part) is recomputed nested, with checkpoints of its own.
+
     Returns:
-        (list[tuple[int, int]] | None): ``(first, last)`` ranges in order, ``[]`` for none, ``None`` for ``"head"``.
+        (list[Span] | None): Items in layer order, ``[]`` for none, ``None`` for ``"head"``.
 
     Raises:
-        CheckpointConfigError: For anything but ``head``, layer indices and ``[first, last]`` ranges that do not
-            overlap.
+        CheckpointConfigError: For anything else, and for layer regions that overlap.
 
     Examples:
-        >>> parse_layer_spec([22, [13, 15], 16]), parse_layer_spec("head"), parse_layer_spec(None)
-        ([(13, 15), (16, 16), (22, 22)], None, [])
+        >>> parse_layer_spec([22, [13, 15], "16:selective"]), parse_layer_spec("head"), parse_layer_spec(None)
+        ([Span(13, 15), Span(16, 16, None, 'selective'), Span(22, 22)], None, [])
+        >>> parse_layer_spec(["2.m.0-cv2", "23.*"])
+        [Span(2, 2, ('m.0', 'cv2')), Span(23, 23, '*')]
     """
     if spec is None:
         return []
     if word(spec) == "head":
         return None
-    ranges = []
-    for item in list(spec) if isinstance(spec, (list, tuple)) else [spec]:
-        pair = list(item) if isinstance(item, (list, tuple)) else [item, item]
-        if len(pair) != 2 or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in pair):
-            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {item!r} is not a layer index or "
-                                        f"[first, last] range.", _layers_hint())
-        if pair[0] > pair[1]:
-            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: range {item!r} ends before it starts.",
-                                        _layers_hint())
-        ranges.append((pair[0], pair[1]))
-    ranges.sort()
-    if any(b[0] <= a[1] for a, b in zip(ranges, ranges[1:])):
+    if isinstance(spec, str) and spec.strip().startswith("["):  # a list the shell passed unquoted: [2.*,23.cv2.0]
+        spec = _unquoted(spec)
+    spans = sorted((_span(item, spec) for item in (list(spec) if isinstance(spec, (list, tuple)) else [spec])),
+                   key=lambda s: (s.first, s.parts is not None))
+    for s in spans:
+        if s.first > s.last:
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: range {[s.first, s.last]} ends before it "
+                                        f"starts.", _layers_hint())
+    whole = [s for s in spans if s.parts is None]
+    if any(b.first <= a.last for a, b in zip(whole, whole[1:])):
         raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: regions overlap.", _layers_hint())
-    return ranges
+    return spans
 
 
 def _layers_hint(model: Any = None) -> str:
@@ -319,19 +408,147 @@ def _layers_hint(model: Any = None) -> str:
             n = None
     valid = f"layer indices 0-{n - 1}" if n else "layer indices (the first column of the model summary)"
     return (f"Valid: 'head' (every layer after the backbone that stores activations), {valid}, "
-            f"[first, last] ranges of them, or [] for none.")
+            f"[first, last] ranges of them, parts of a layer ('2.cv1', '2.m.0-cv2', '2.*'; ':full'/':selective' "
+            f"after any string item), or [] for none.")
 
 
-def _layer_regions(model: Any, ranges: list[tuple[int, int]] | None, spec: Any,
+def _layer_regions(model: Any, spans: list[Span] | None, spec: Any,
                    stages: dict[int, tuple[int, ...]]) -> list[Region]:
-    """Regions of ``checkpoint_layers``: the given ranges, or for ``head`` one per storing layer (``head_layers``)."""
+    """Regions of ``checkpoint_layers``: the given items, or for ``head`` one per storing layer (``head_layers``)."""
     layers, _, cfg, name = _built(model)
-    if ranges is None:
+    if spans is None:
         return [Region((), (i,)) for i in head_layers(layers, cfg, first=max(stages[max(stages)]) + 1)]
-    if bad := next((i for r in ranges for i in r if i >= len(layers)), None):
+    if bad := next((i for s in spans for i in (s.first, s.last) if i >= len(layers)), None):
         raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {name} has no layer {bad}.",
                                     _layers_hint(model))
-    return [Region((), tuple(range(a, b + 1))) for a, b in ranges]
+    parts = model_parts(model) if any(s.parts for s in spans) else {}
+    regions = []
+    for s in spans:
+        if s.parts is None:
+            regions.append(Region((), tuple(range(s.first, s.last + 1)), mode=s.mode))
+        else:
+            for run in _runs(parts[s.first], s, spec, layers):
+                own = len(run) > 1 and part_container(run[0], parts[s.first]) == "" and not isinstance(
+                    layers[s.first], nn.Sequential)
+                regions.append(Region((), (s.first,), run, s.mode, parts[s.first][""] if own else ()))
+    _check_parts([r for r in regions if r.parts], parts, spec, model)
+    return regions
+
+
+def _check_parts(regions: list[Region], parts: dict[int, dict[str, tuple[str, ...]]], spec: Any, model: Any) -> None:
+    """Part regions of one layer may nest (a part inside a run or inside a larger part) but not overlap; and a layer
+    has at most one run of several of the parts its own code calls (the recompute of such a run replays the layer's
+    forward: ``yolo_ckpt.model``)."""
+    for a, b in itertools.combinations(regions, 2):
+        nested = (len(a.parts) == 1) != (len(b.parts) == 1)  # one part inside a run: checkpointed within it
+        if a.layers == b.layers and set(a.parts) & set(b.parts) and not nested:
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {a.name} and {b.name} overlap (a part "
+                                        f"may nest inside a run or a larger part, not share it with another "
+                                        f"region).", _layers_hint(model))
+    for i in {r.layers[0] for r in regions}:
+        runs = [r for r in regions if r.layers[0] == i and r.siblings]
+        if len(runs) > 1:
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: layer {i} has two runs of its own parts, "
+                                        f"{runs[0].name} and {runs[1].name}; a layer recomputes at most one run of "
+                                        f"several parts (any number of single parts and runs inside Sequential "
+                                        f"parts).", _layers_hint(model))
+
+
+def _runs(tree: dict[str, tuple[str, ...]], s: Span, spec: Any, layers: nn.Sequential) -> list[tuple[str, ...]]:
+    """The runs of parts a part item names, checked against the layer's parts."""
+    kind = type(layers[s.first]).__name__
+
+    def hint() -> str:
+        names = [n for children in tree.values() for n in children]
+        return (f"Valid parts of layer {s.first} ({kind}): {', '.join(names)}; a run joins parts called one after "
+                f"another by the same module ('{s.first}.{names[0]}-{tree[''][-1]}')." if names else
+                f"Layer {s.first} ({kind}) calls no modules of its own in training: name the whole layer.")
+
+    if s.parts == "*":
+        if not tree.get(""):
+            raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: layer {s.first} ({kind}) has no parts.",
+                                        hint())
+        return [(n,) for n in tree[""]]
+    a, b = s.parts
+    where = next((c for c, children in tree.items() if a in children), None)
+    if where is None or b not in tree[where]:
+        bad = a if where is None else b
+        raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {bad!r} is not a part of layer {s.first}"
+                                    f"{'' if where is None else f' called by the same module as {a!r}'}.", hint())
+    children = tree[where]
+    if children.index(b) < children.index(a):
+        raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: layer {s.first} calls {b!r} before {a!r}.",
+                                    hint())
+    return [children[children.index(a):children.index(b) + 1]]
+
+
+def part_container(part: str, tree: dict[str, tuple[str, ...]]) -> str:
+    """The module (``""``: the layer itself, or a Sequential part) that calls ``part``."""
+    return next(c for c, children in tree.items() if part in children)
+
+
+def model_parts(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
+    """Per layer, the parts its training forward calls: for the layer (key ``""``) and for each ``nn.Sequential``
+    part (key: its name), the modules it calls, in the order of their first call, named by their paths inside the
+    layer.
+
+    Found with forward hooks in one training-mode forward of the plain layers on a zero image, without grad
+    (buffers and modes restored): ``C3k2`` gives ``{"": ("cv1", "m.0", "cv2")}``, ``SPPF`` ``("cv1", "m", "cv2")``
+    (``m`` is called three times), ``Detect`` ``cv2.0, cv2.1, cv2.2, cv3.0, ...`` (per scale and branch) and the
+    layers of each branch (``cv2.0: cv2.0.0, cv2.0.1, cv2.0.2``). A Sequential runs its modules one after another
+    (torch's own ``forward``), so its parts are its children; other parts are not looked into.
+
+    Example:
+        >>> model_parts("yolo11n.yaml")[2]
+        {'': ('cv1', 'm.0', 'cv2')}
+    """
+    from .recompute import restored_buffers
+
+    layers, _, cfg, _ = _built(model)
+    param = next(layers.parameters(), None)
+    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
+    x = torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
+    parts: dict[int, dict[str, dict[str, None]]] = {m.i: {} for m in layers}
+    names = {m.i: {id(sub): n for n, sub in m.named_modules()} for m in layers}
+    uses: dict[int, int] = {}  # a module shared by several layers (Conv's default SiLU) cannot be a part of one
+    for _, sub in layers.named_modules(remove_duplicate=False):
+        uses[id(sub)] = uses.get(id(sub), 0) + 1
+    layer_of = {id(m): m.i for m in layers}
+    stack: list[tuple[int, str]] = []  # the calls running now: (layer, part name; "" for the layer)
+
+    def enter(sub: nn.Module, args: Any) -> None:
+        if id(sub) in layer_of:
+            stack.append((layer_of[id(sub)], ""))
+            return
+        i, caller = stack[-1]
+        name = names[i].get(id(sub))
+        chained = caller != "" and any(caller in c for c in parts[i].values()) and isinstance(
+            layers[i].get_submodule(caller), nn.Sequential)  # a Sequential part: its children are parts too
+        if name and uses[id(sub)] == 1 and (caller == "" or chained):
+            parts[i].setdefault(caller, {})[name] = None
+        stack.append((i, name or "?"))
+
+    def leave(*_: Any) -> None:
+        stack.pop()
+
+    hooks = [h for sub in {id(s): s for s in layers.modules()}.values() if sub is not layers
+             for h in (sub.register_forward_pre_hook(enter), sub.register_forward_hook(leave))]
+    modes = [m.training for m in layers.modules()]
+    outputs: list[Any] = []
+    layers.train()
+    try:
+        with restored_buffers(layers), torch.no_grad():
+            for m in layers:
+                if m.f != -1:
+                    x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
+                x = m(x)
+                outputs.append(x)
+    finally:
+        for h in hooks:
+            h.remove()
+        for mod, mode in zip(layers.modules(), modes):
+            mod.training = mode
+    return {i: {c: tuple(children) for c, children in tree.items()} for i, tree in parts.items()}
 
 
 def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int]:

@@ -60,7 +60,7 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
         LOGGER.info(f"{PREFIX} compare: nothing was recomputed in this run")
         return None
     batch, imgsz, name = max(int(trainer.batch_size), 1), int(trainer.args.imgsz), plan.describe(mode)
-    layers = [[r[0], r[-1]] for r in plan.layer_regions] or None
+    layers = plan.layer_spec() or None
     copy = deepcopy(model).train()  # the plans are measured on copies of a plain, train-mode copy
     disable_checkpointing(copy)
     LOGGER.info(f"{PREFIX} compare: one training step of the final model with and without checkpointing, "

@@ -44,7 +44,7 @@ from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .escalation import Snapshot, keeps_least, next_plan
 from .families import check_supported
 from .measure import grad_bytes, planned_copy
-from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .model import check_plan, checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
 from .planner import MIXED, describe
 from .recompute import MODES
@@ -93,7 +93,8 @@ def check_settings(model: Any, args: dict) -> None:
                                     f"'selective' (keep convolution outputs, recompute the rest).")
     check_task(model, args.get("task"))
     if model is not None and not is_auto(args.get("checkpoint_stages")):
-        CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
+        plan = CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
+        check_plan(plan, mode, args.get("compile"))
 
 
 def trains_on_cuda(device: Any) -> bool:
@@ -363,14 +364,21 @@ class CheckpointMixin(DistributedMixin):
         enable_checkpointing(model, plan, mode)
         if not plan.regions:
             LOGGER.info(f"{PREFIX} off, all activations stored")
-        stages = model_stages(model)
-        how = ", selective: convolution outputs kept" if mode == "selective" else ""
+        stages = model_stages(model) if plan.stages else {}
+        whole = [r for r in plan.regions if not r.parts]
         for region in plan.regions:
+            how = ", selective: convolution outputs kept" if (region.mode or mode) == "selective" else ""
             shared = f", recomputed as one region with stages {list(region.stages)}" if len(region.stages) > 1 else ""
             for k in region.stages:
                 types = ", ".join(type(model.model[i]).__name__ for i in stages[k])
                 LOGGER.info(f"{PREFIX} stage {k} (P{k}/{2**k}) layers {list(stages[k])}: {types}{shared}{how}")
-            if not region.stages:
+            if region.parts:
+                i = region.layers[0]
+                inside = next((r for r in whole if i in r.layers), None)
+                nested = "" if inside is None else f", nested in the region of layers {list(inside.layers)}"
+                LOGGER.info(f"{PREFIX} layer {i} ({type(model.model[i]).__name__}) parts {', '.join(region.parts)}"
+                            f"{' as one region' if len(region.parts) > 1 else ''}{nested}{how}")
+            elif not region.stages:
                 types = ", ".join(type(model.model[i]).__name__ for i in region.layers)
                 LOGGER.info(f"{PREFIX} layers {list(region.layers)}: {types}{how}")
         return model
