@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,12 +61,14 @@ from .measure import (
     training_batch,
 )
 from .recompute import MODES
-from .stages import CheckpointConfigError, CheckpointPlan, model_stages
+from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages
 
 HEAD = "head"  # the unit of every layer after the backbone that stores activations (``checkpoint_layers=head``)
 MAX_MEASURED = 12  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
+NESTED = "nested"  # a unit recomputed full, each part of its layers with parts a region of its own inside (Chen)
+UNIT_MODES = (*MODES, NESTED)  # what planning may give a unit where the model's plans take per-region modes
 MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
 TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
 
@@ -78,6 +81,21 @@ class NothingFits(ValueError):
         self.needed = needed
 
 
+class Layout(NamedTuple):
+    """Where a unit sits in the model, for settings that name its regions one by one.
+
+    Attributes:
+        unit (Any): A stage number or ``"head"``.
+        ranges (tuple): Its layer regions as ``(first, last)`` pairs.
+        nests (tuple): Its layers with parts (``stages.model_parts``): ``nested`` recomputes each part of them as a
+            region of its own inside the unit's regions.
+    """
+
+    unit: Any
+    ranges: tuple
+    nests: tuple = ()
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One plan: units, each recomputed in its own mode, with its recompute FLOPs, predicted bytes and predicted step
@@ -85,15 +103,15 @@ class Candidate:
 
     Attributes:
         units (tuple): Stage numbers, and ``"head"`` last if the head is recomputed; ``()`` is vanilla.
-        modes (tuple): Each unit's mode (``full`` or ``selective``), in the order of ``units``; a single mode given
-            as a string applies to every unit.
+        modes (tuple): Each unit's mode (one of ``UNIT_MODES``), in the order of ``units``; a single mode given as a
+            string applies to every unit.
         flops (int): Convolution/matmul FLOPs the recompute adds to a step at the run's batch.
         predicted_bytes (int): Vanilla step bytes at the run's batch minus the units' measured savings.
         head (tuple): The head's layer regions as ``[first, last]`` ranges, resolved once per model (``Costs.head``):
             ``checkpoint_layers=head`` finds them with a training-mode dry run, which planning copies need not repeat.
         seconds (float): Predicted step time at the run's batch (``Costs.predict_seconds``).
-        stage_layers (tuple | None): ``(stage, layers)`` pairs of the model (``Costs.stage_layers``): where the
-            settings of a plan with per-unit modes cut its ranges.
+        layout (tuple | None): ``Layout`` of every unit of the model (``Costs.layout``): where the settings of a plan
+            with per-unit modes cut its regions.
     """
 
     units: tuple
@@ -102,7 +120,7 @@ class Candidate:
     predicted_bytes: int
     head: tuple | None = None
     seconds: float = 0.0
-    stage_layers: tuple | None = None
+    layout: tuple | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.modes, str):  # one mode for every unit
@@ -121,37 +139,35 @@ class Candidate:
     def settings(self) -> dict:
         """The training arguments of this plan.
 
-        One mode: today's keys (``checkpoint_stages``, ``checkpoint_layers=head``, ``checkpoint_mode``). Per-unit
-        modes: the full units as stages and head ranges, the others as ``checkpoint_layers`` ranges with their mode
-        as a suffix (``"0-2:selective"``), which only a model whose plans take per-region modes accepts
-        (``per_region_modes``; ``candidates`` offers such plans only there).
+        One mode of ``MODES``: those keys as a user writes them (``checkpoint_stages``, ``checkpoint_layers=head``,
+        ``checkpoint_mode``). Otherwise every region in ``checkpoint_layers``: each unit's layer ranges with its mode
+        as a suffix where it is not ``full`` (``"0-2:selective"``), and for a ``nested`` unit each part of its layers
+        with parts (``"2.*"``), recomputed inside them (``per_region_modes``: only such models get these plans).
         """
-        if self.mode != MIXED:
+        if self.mode in MODES:
             stages = [u for u in self.units if u != HEAD]
             return {"checkpoint_stages": stages, "checkpoint_layers": HEAD if HEAD in self.units else [],
                     "checkpoint_mode": self.mode}
-        return {"checkpoint_stages": [], "checkpoint_layers": self._ranges(), "checkpoint_mode": "full"}
+        return {"checkpoint_stages": [], "checkpoint_layers": self._items(), "checkpoint_mode": "full"}
 
-    def _ranges(self) -> list[str]:
-        """Every unit's layer ranges, ``first-last[:mode]`` (the mode only where it is not ``full``), in layer order."""
-        spans = []
+    def _items(self) -> list[str]:
+        """Every unit's regions as ``checkpoint_layers`` strings, in layer order."""
+        if self.layout is None:
+            raise ValueError("a plan of per-unit modes needs the units' layout (Costs.layout)")
+        where = {w.unit: w for w in self.layout}
+        items = []
         for u, m in zip(self.units, self.modes):
-            for a, b in (self.head or ()) if u == HEAD else [self._stage_span(u)]:
-                spans.append((a, b, "" if m == "full" else f":{m}"))
-        return [f"{a}{'' if a == b else f'-{b}'}{m}" for a, b, m in sorted(spans)]
-
-    def _stage_span(self, stage: int) -> tuple[int, int]:
-        if self.stage_layers is None:
-            raise ValueError("a plan of per-unit modes needs the stages' layers (Costs.stage_layers)")
-        layers = dict(self.stage_layers)[stage]
-        return layers[0], layers[-1]
+            suffix = "" if m in ("full", NESTED) else f":{m}"
+            items += [(a, 0, f"{a}{'' if a == b else f'-{b}'}{suffix}") for a, b in where[u].ranges]
+            items += [(i, 1, f"{i}.*") for i in where[u].nests] if m == NESTED else []
+        return [item for *_, item in sorted(items)]
 
     @property
     def spec(self) -> tuple:
         """``(checkpoint_stages, checkpoint_mode, checkpoint_layers)`` as ``planned_copy`` installs it: the head's
         resolved ranges where known."""
         s = self.settings
-        if self.mode == MIXED:
+        if self.mode not in MODES:
             return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"]
         if HEAD not in self.units:
             return s["checkpoint_stages"], s["checkpoint_mode"], None
@@ -237,18 +253,18 @@ class Choice:
 
 
 def describe(c: Candidate) -> str:
-    """``stages [1, 2] + head selective``, ``stages [2, 3] full; stages [1] + head selective`` (per-unit modes), or
-    ``none``."""
+    """``stages [1, 2] + head selective``, ``stages [2, 3] full; stages [1] + head selective`` (per-unit modes),
+    ``stages [2] nested`` (parts recomputed inside), or ``none``."""
     if c.mode != MIXED:
         return _describe_units(c.units, c.mode)
     return "; ".join(f"{_describe_units(us, m)}{' full' if m == 'full' else ''}"
-                     for m in MODES if (us := tuple(u for u in c.units if c.unit_mode(u) == m)))
+                     for m in UNIT_MODES if (us := tuple(u for u in c.units if c.unit_mode(u) == m)))
 
 
 def _describe_units(units: tuple, mode: str) -> str:
     stages = [u for u in units if u != HEAD]
     parts = ([f"stages {stages}"] if stages else []) + (["head"] if HEAD in units else [])
-    return " + ".join(parts) + (f" {mode}" if mode == "selective" else "") if parts else "none"
+    return " + ".join(parts) + (f" {mode}" if mode != "full" else "") if parts else "none"
 
 
 @dataclass(frozen=True)
@@ -313,9 +329,9 @@ class Costs:
         unit (dict): ``(unit, mode) -> Phases`` with only that unit recomputed.
         grads (int): Bytes of the parameter gradients, which backward peaks hold at most and which no batch scales.
         head (tuple | None): The head's regions as ``(first, last)`` ranges (``Candidate.head``).
-        stage_layers (tuple | None): ``(stage, layers)`` pairs (``Candidate.stage_layers``).
+        layout (tuple | None): Each unit's ``Layout`` (``Candidate.layout``).
         mixed (bool): The model's plans take a mode per region (``per_region_modes``): candidates may then recompute
-            each unit in its own mode.
+            each unit in its own mode, ``nested`` included where the unit has layers with parts.
     """
 
     units: list
@@ -323,8 +339,12 @@ class Costs:
     unit: dict
     grads: int = 0
     head: tuple | None = None
-    stage_layers: tuple | None = None
+    layout: tuple | None = None
     mixed: bool = False
+
+    def modes_of(self, unit: Any) -> tuple[str, ...]:
+        """The modes ``unit`` was measured in (``nested`` only where it has layers with parts)."""
+        return tuple(m for m in UNIT_MODES if (unit, m) in self.unit)
 
     def predict(self, units: tuple, modes: tuple | str, batch: int) -> tuple[int, int]:
         """Predicted (step peak bytes, extra FLOPs) of recomputing ``units`` in ``modes`` (one per unit, or one
@@ -390,8 +410,9 @@ def per_region_modes(model: nn.Module) -> bool:
 
 
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
-    """Measure the plain step and each unit alone, in each mode, at batch 1 (on copies of the model), each within what
-    the device has free, and time each such step that fit.
+    """Measure the plain step and each unit alone, in each mode (``nested`` too where the model's plans take modes
+    per region and the unit has layers with parts), at batch 1 (on copies of the model), each within what the device
+    has free, and time each such step that fit.
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
@@ -399,9 +420,12 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     stages = model_stages(model)
     units = [*sorted(stages), HEAD]
     head = tuple((r[0], r[-1]) for r in CheckpointPlan.from_spec(model, [], HEAD).layer_regions)
+    mixed = per_region_modes(model)
+    layout = _layout(model, stages, head, mixed)
+    nests = {w.unit: w.nests for w in layout}
     costs = {}
-    for unit, mode in [(None, "full"), *itertools.product(units, MODES)]:
-        c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head)
+    for unit, mode in [(None, "full"), *((u, m) for u in units for m in UNIT_MODES if m in MODES or nests[u])]:
+        c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout)
         last = stages[unit][-1] if isinstance(unit, int) else None  # the head: its backward starts the step's
         if (phases := _unit_phases(model, c, imgsz, objects, amp, last)) is not None:
             costs[(unit, mode)] = phases
@@ -410,28 +434,48 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
                              f"the device")
     units = [u for u in units if all((u, mode) in costs for mode in MODES)]
     plain = costs.pop((None, "full"))
-    return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head,
-                 tuple(sorted(stages.items())), per_region_modes(model))
+    return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head, layout,
+                 mixed)
 
 
-def _mode_choices(costs: Costs, n: int) -> Iterator[tuple]:
-    """The modes ``n`` units may take together: each its own where the model's plans take per-region modes, else one
-    for all."""
-    return itertools.product(MODES, repeat=n) if costs.mixed else ((m,) * n for m in MODES)
+def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[Layout, ...]:
+    """Each unit's ``Layout``. Its layers nested (``Layout.nests``, only where plans take modes per region) are
+    those whose parts are blocks of their own (a part with modules inside: C3k2's ``cv1``/``m.0``/``cv2``, Detect's
+    branches), not a ``Conv``'s convolution and BatchNorm, which recomputed apart keep nothing less."""
+    parts = model_parts(model) if mixed else {}
+
+    def composite(i: int) -> bool:
+        return any(next(model.model[i].get_submodule(p).children(), None) is not None
+                   for p in parts.get(i, {}).get("", ()))
+
+    def nests(ranges: tuple) -> tuple[int, ...]:
+        return tuple(i for a, b in ranges for i in range(a, b + 1) if composite(i))
+
+    spans = [(k, ((layers[0], layers[-1]),)) for k, layers in sorted(stages.items())] + [(HEAD, head)]
+    return tuple(Layout(u, ranges, nests(ranges)) for u, ranges in spans)
+
+
+def _mode_choices(costs: Costs, units: tuple) -> Iterator[tuple]:
+    """The modes ``units`` may take together: each its own where the model's plans take per-region modes, else one
+    of ``MODES`` for all."""
+    if costs.mixed:
+        return itertools.product(*(costs.modes_of(u) for u in units))
+    return ((m,) * len(units) for m in MODES)
 
 
 def space_size(costs: Costs) -> int:
-    """How many candidate plans ``costs``' units make: each unit off or in a mode (``3**n - 1`` with per-unit modes),
-    else every set of units in each mode."""
-    n = len(costs.units)
-    return (len(MODES) + 1) ** n - 1 if costs.mixed else len(MODES) * (2**n - 1)
+    """How many candidate plans ``costs``' units make: each unit off or in one of its modes (with per-unit modes),
+    else every set of units in each of ``MODES``."""
+    if costs.mixed:
+        return math.prod(1 + len(costs.modes_of(u)) for u in costs.units) - 1
+    return len(MODES) * (2 ** len(costs.units) - 1)
 
 
 def _every_plan(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
     """``(units, modes)`` of every candidate plan."""
     for n in range(1, len(costs.units) + 1):
         for subset in itertools.combinations(costs.units, n):
-            for modes in _mode_choices(costs, n):
+            for modes in _mode_choices(costs, subset):
                 yield subset, modes
 
 
@@ -480,7 +524,7 @@ def _front_plans(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
         for u in costs.units:
             grown = list(plans)
             for q in plans:
-                for m in MODES if only is None else (only,):
+                for m in costs.modes_of(u) if only is None else (only,):
                     ph = costs.unit[(u, m)]
                     grown.append(_Partial((*q.units, u), (*q.modes, m), q.saved + p.kept - ph.kept,
                                           q.seconds + max(ph.seconds - p.seconds, 0.0), q.flops + ph.flops - p.flops,
@@ -494,7 +538,7 @@ def candidate(costs: Costs, units: tuple, modes: tuple | str, batch: int, fixed:
     no plan changes (model state, the batch on the device)."""
     peak, flops = costs.predict(units, modes, batch)
     return Candidate(units, modes, flops, fixed + peak, costs.head, costs.predict_seconds(units, modes, batch),
-                     costs.stage_layers)
+                     costs.layout)
 
 
 def candidates(costs: Costs, batch: int, fixed: int, max_space: int | None = None) -> list[Candidate]:

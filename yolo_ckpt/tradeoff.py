@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -31,6 +32,7 @@ from .measure import batch_bytes, grad_bytes, planned_copy, state_bytes, trainin
 from .memory import LiveTensorTracker
 from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
 from .plots import axes, legend_points
+from .recompute import MODES
 
 
 def _row(c: Candidate, fit: Fit | None) -> dict:
@@ -68,9 +70,12 @@ def pareto(rows: list[dict]) -> list[dict]:
 
 
 def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None = None,
-                       repeats: int = 1, costs: Costs | None = None, measured: dict | None = None) -> list[dict]:
-    """Every candidate plan of ``checkpoint_stages=auto`` measured at ``batch`` and ``imgsz`` on copies of the model,
-    one copy at a time, each step within what the device has free (``fitting.fitting_step``).
+                       repeats: int = 1, costs: Costs | None = None, measured: dict | None = None,
+                       also: tuple = ()) -> list[dict]:
+    """Every candidate plan of ``checkpoint_stages=auto`` in one mode for all its units, and the plans ``also``
+    (``Candidate``s: auto's choice with a mode per unit), measured at ``batch`` and ``imgsz`` on copies of the model,
+    one copy at a time, each step within what the device has free (``fitting.fitting_step``). Plans with a mode per
+    unit are not all measured: there are ``3**n - 1`` of them for ``n`` units.
 
     ``costs`` are the model's ``unit_costs`` when already measured. ``measured`` is filled as ``choose_plan`` fills
     it, so that choosing afterwards measures nothing again — only without a device limit: on a device these steps are
@@ -89,7 +94,8 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     share = measured is not None and device_memory(next(model.parameters()).device) is None
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
     rows: list[dict] = []
-    for c in [vanilla(costs, batch, fixed), *candidates(costs, batch, fixed)]:
+    for c in [vanilla(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch, fixed),
+              *also]:
         fit = plan_step(model, c.spec, imgsz, batch, amp)
         if share:
             measured[c.units, c.modes, batch] = fit.step_bytes
@@ -161,8 +167,15 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
     except ValueError as e:  # not even vanilla's batch-1 step fits the device: there is nothing to plan from
         return {"candidates": [], "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": [str(e)],
                 "chosen": None}
-    measured: dict = {}
-    rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, measured=measured)
+    choice, failed = None, None
+    if memory_budget is not None:  # first: a choice with a mode per unit is measured among the rows
+        target = int(fraction * parse_memory(memory_budget))
+        try:
+            choice = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs)
+        except ValueError as e:
+            failed = str(e)
+    also = (choice.candidate,) if choice is not None and choice.candidate.mode not in MODES else ()
+    rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, also=also)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
     if dev is not None:
         notes.append(f"{sum(r['fits'] for r in rows)} of {len(rows)} plans fit the {dev.name} at imgsz={imgsz} "
@@ -171,18 +184,15 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
         notes.append(f"vanilla does not fit the {dev.name} (predicted {rows[0]['predicted_MiB']} MiB): no figure is "
                      f"given as a ratio to it")
     if memory_budget is not None:
-        target = int(fraction * parse_memory(memory_budget))
-        try:
-            choice = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs, measured=measured)
-            c = choice.candidate
-            chosen = next(r for r in rows if r["plan"] == describe(c))  # one name per plan, modes included
+        if choice is not None:
+            chosen = next(r for r in rows if r["plan"] == describe(choice.candidate))  # one name per plan
             chosen["auto"] = True
             where = f" on the {dev.name}" + (" (extrapolated from batches it holds)" if choice.extrapolated else "") \
                 if dev is not None else ""
             notes.append(f"checkpoint_stages=auto chooses {chosen['plan']} for {fraction:.0%} of "
                          f"memory_budget={memory_budget} at imgsz={imgsz} batch={batch}{where}")
-        except ValueError as e:
-            notes.append(str(e))
+        else:
+            notes.append(failed)
         for r in rows:
             if r["pareto"] or r is rows[0]:  # vanilla too, for comparison
                 r["largest_imgsz"] = largest_imgsz(model, r, batch, target, imgsz, amp=amp)

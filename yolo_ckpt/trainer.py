@@ -46,7 +46,7 @@ from .families import check_supported
 from .measure import grad_bytes, planned_copy
 from .model import check_plan, checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
-from .planner import MIXED, describe
+from .planner import describe
 from .recompute import MODES
 from .resources import data_file
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages, word
@@ -285,7 +285,7 @@ def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "")
     if not choice.plan.regions:
         return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
     c = choice.candidate
-    what = describe(c) if c.mode == MIXED else choice.plan.describe(mode)  # the plan knows one mode only
+    what = describe(c) if c.mode not in MODES else choice.plan.describe(mode)  # the plan knows one mode only
     timed = f", measured {choice.measured_seconds:.3f} s" if choice.measured_seconds is not None else ""
     return [*(f"  {line}" for line in choice.table()),
             f"auto chose {what} at batch {choice.batch}{capped}: {1 + c.flops / choice.base_flops:.3f}x FLOPs, "
