@@ -20,7 +20,7 @@ from yolo_ckpt.planner import NothingFits, candidates, choose_plan, choose_plan_
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.trainer import auto_report, check_settings, saved_settings
 
-from support import SMALL, assert_same_training, auto_budget, train_pair
+from support import MINI, SMALL, assert_same_training, auto_budget, train_pair
 
 IMGSZ, BATCH = 128, 2
 
@@ -32,28 +32,45 @@ def small():
     return model
 
 
-@pytest.fixture(scope="module")
-def exhaustive(small):
-    """Every candidate measured independently: step bytes as planning counts them, and FLOPs counted."""
-    costs = unit_costs(small, IMGSZ)
-    data = training_batch(small, IMGSZ, BATCH)
-    fixed = step_bytes(small, IMGSZ, BATCH) - measure_peak(small, data).peak  # model state and the batch
+def measure_every_plan(model, costs) -> tuple:
+    """Every candidate of ``costs`` measured independently: step bytes as planning counts them, and FLOPs counted;
+    with what no plan changes (model state and the batch) and the vanilla step's peak."""
+    data = training_batch(model, IMGSZ, BATCH)
+    fixed = step_bytes(model, IMGSZ, BATCH) - measure_peak(model, data).peak  # model state and the batch
     rows = []
     for c in candidates(costs, BATCH, 0):
         s = c.settings
-        m = with_plan(small, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
+        m = with_plan(model, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
         with FlopCounterMode(display=False) as counter:
             step_loss(m, data).backward()
         rows.append((c, step_bytes(m, IMGSZ, BATCH), counter.get_total_flops()))
         disable_checkpointing(m)
-    return costs, fixed, measure_peak(small, data).peak, rows
+    return costs, fixed, measure_peak(model, data).peak, rows
 
 
+@pytest.fixture(scope="module")
+def exhaustive(small):
+    """The plans of one mode for all units (62 on this model: every unit in every mode would be 767) measured."""
+    return measure_every_plan(small, dataclasses.replace(unit_costs(small, IMGSZ), mixed=False))
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """Every plan of a model of three units, each unit in its own mode (nested too), measured: 47 plans."""
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    costs = unit_costs(model, IMGSZ)
+    assert costs.mixed and space_size(costs) == 3 * 4 * 4 - 1  # stage 1 is one Conv: nothing to nest
+    return model, measure_every_plan(model, costs)
+
+
+@pytest.mark.parametrize("space", ["one mode", "per unit"])
 @pytest.mark.parametrize("share", [0.5, 0.6, 0.7, 0.8, 0.9])
-def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, share):
+def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, share, space):
     """Of the plans whose independently measured step fits, the choice is the one with the least predicted step
-    time (the FLOPs it reports are the counted ones); its step at the run's batch was timed."""
-    costs, fixed, peak, rows = exhaustive
+    time (the FLOPs it reports are the counted ones); its step at the run's batch was timed. In one mode for all
+    units (62 plans), and with each unit in its own mode, nested included (47 plans of a smaller model)."""
+    small, (costs, fixed, peak, rows) = (small, exhaustive) if space == "one mode" else mixed
     target = fixed + int(share * peak)  # share of the vanilla step's peak, on top of what no plan changes
     fitting = [(c, nbytes, flops) for c, nbytes, flops in rows if nbytes <= target]
     assert fitting, "the budgets are chosen so that some plan fits"
@@ -189,11 +206,11 @@ def test_auto_with_autobatch_caps_at_the_training_images(detect_data, tmp_path):
 @pytest.mark.parametrize("mixed", [False, True])
 def test_a_space_too_large_to_list_keeps_the_fastest_plan_for_every_target(small, exhaustive, mixed):
     """With the space cut to the plans no other beats (as planning does past ``MAX_SPACE``), every target's fastest
-    plan predicted to fit is the one the whole list has; per-unit modes (predictions only) make the list 3**n - 1
+    plan predicted to fit is the one the whole list has; per-unit modes (predictions only) make the list 767 plans
     long, the cut one much shorter."""
     costs = dataclasses.replace(exhaustive[0], mixed=mixed)
     every, cut = candidates(costs, BATCH, 0), candidates(costs, BATCH, 0, max_space=0)
-    assert len(every) == space_size(costs) == (3 ** len(costs.units) - 1 if mixed else 2 * (2 ** len(costs.units) - 1))
+    assert len(every) == space_size(costs) == (3 * 4**4 - 1 if mixed else 2 * (2**5 - 1))  # stage 1: no nesting
     assert set(cut) <= set(every) and len(cut) < len(every) / (2 if mixed else 1)
     sizes = sorted({c.predicted_bytes for c in every})
     for target in sizes[:: max(len(sizes) // 40, 1)]:

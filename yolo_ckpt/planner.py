@@ -39,7 +39,7 @@ import bisect
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -638,9 +638,8 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         return chosen(plain, got, [])
     ranked = candidates(costs, batch, fixed)
     fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
-    for c in fitting[:MAX_MEASURED]:
-        if (got := measure(c)) is not None:
-            return chosen(c, got, [a for a in fitting if a.seconds >= c.seconds and a != c][:3])
+    if best := _fastest_fitting(fitting, target, measure, len(tried)):
+        return chosen(*best, [a for a in fitting if a.seconds >= best[0].seconds and a != best[0]][:3])
     least_first = sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))  # a tie: the plan that recomputes more
     for c in least_first[:3]:
         if all(c != t.candidate for t in tried) and (got := measure(c)) is not None:
@@ -650,6 +649,28 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     raise NothingFits(f"checkpoint_stages=auto: nothing fits {target / 2**30:.3f} GB at batch {batch}, imgsz "
                       f"{imgsz}; the plan that keeps the least ({describe(least)}) needs at most "
                       f"{needed / 2**30:.3f} GB", needed)
+
+
+def _fastest_fitting(fitting: list[Candidate], target: int, measure: Callable[[Candidate], int | None],
+                     done: int) -> tuple[Candidate, int] | None:
+    """The fastest of ``fitting`` (fastest first, predicted within ``MARGIN`` of ``target``) measured to fit, with
+    its bytes, measuring at most ``MAX_MEASURED`` (``done`` already): first those predicted to fit, fastest first,
+    until one does; then those predicted just over, but faster than it (a prediction may be that far off)."""
+    best = None
+    for c in (c for c in fitting if c.predicted_bytes <= target):
+        if done >= MAX_MEASURED:
+            break
+        done += 1
+        if (got := measure(c)) is not None:
+            best = (c, got)
+            break
+    for c in (c for c in fitting if c.predicted_bytes > target):
+        if done >= MAX_MEASURED or best is not None and c.seconds >= best[0].seconds:
+            break
+        done += 1
+        if (got := measure(c)) is not None:
+            return c, got
+    return best
 
 
 def time_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects: int = 50,
