@@ -16,7 +16,17 @@ from ultralytics.utils.patches import torch_load
 from yolo_ckpt.autobatch import plan_batch
 from yolo_ckpt.measure import measure_peak, step_bytes, step_loss, training_batch, with_plan
 from yolo_ckpt.model import disable_checkpointing
-from yolo_ckpt.planner import NothingFits, candidates, choose_plan, choose_plan_and_batch, space_size, unit_costs
+from yolo_ckpt.planner import (
+    HEAD,
+    NESTED,
+    Candidate,
+    NothingFits,
+    candidates,
+    choose_plan,
+    choose_plan_and_batch,
+    space_size,
+    unit_costs,
+)
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.trainer import auto_report, check_settings, saved_settings
 
@@ -217,3 +227,17 @@ def test_a_space_too_large_to_list_keeps_the_fastest_plan_for_every_target(small
         best = min((c for c in every if c.predicted_bytes <= target), key=lambda c: (c.seconds, c.flops))
         got = min((c for c in cut if c.predicted_bytes <= target), key=lambda c: (c.seconds, c.flops))
         assert (got.seconds, got.flops) == (best.seconds, best.flops), target
+
+
+def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_data, tmp_path):
+    """The settings auto writes for a plan whose units differ in mode — selective, full, nested (parts recomputed
+    inside their stage and inside the head) — train bit for bit like vanilla, every region recomputed."""
+    costs = exhaustive[0]
+    c = Candidate((1, 2, 3, HEAD), ("selective", "full", NESTED, NESTED), 0, 0, costs.head, layout=costs.layout)
+    s = c.settings
+    assert s["checkpoint_stages"] == [] and "0:selective" in s["checkpoint_layers"] and "4.*" in s["checkpoint_layers"]
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    vanilla, ckpt = train_pair(str(cfg), [], detect_data, tmp_path, layers=s["checkpoint_layers"], epochs=1,
+                               imgsz=160)
+    assert_same_training(str(cfg), [], vanilla, ckpt, layers=s["checkpoint_layers"])
