@@ -2,18 +2,21 @@
 target.
 
 A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``) — each recomputed
-in its own mode, ``full`` or ``selective`` (one mode for all where the model's plans take no mode per region:
-``per_region_modes``). Each unit is measured once per mode, alone, in a training step at batch 1 on a copy of the
-model: the bytes it stops keeping for backward, the peak of the step's backward from the moment it reaches the unit,
-the FLOPs its recompute adds, and — once that bounded step fit — its time on the run's device (a few timed steps of
-the same copy and batch), whose excess over the vanilla step's is the unit's recompute time. FLOPs do not see what
-recompute costs on hardware (BatchNorm and SiLU recompute is memory-bound: ``all selective`` is 1.006x the FLOPs but
-1.17x the CPU step time of yolo11n at 640), times do. A plan's FLOPs and recompute time are the sums of its units';
-its peak is predicted as the largest of the vanilla forward and backward peaks less every unit's saving, and of each
-unit's backward window less the savings of the units before it (only those still hold their tensors then) — within
-about 10% of the measured step. Candidates are tried least predicted step time first: each predicted to fit is
-measured (a real step at the run's batch and imgsz, on a copy) and the first that fits is the choice, so the choice
-always rests on a measurement and the training model never runs; the choice's step is then timed at the run's batch.
+in its own mode: ``full``, ``selective``, or ``nested`` (full, with each part of its block layers — C3k2's ``cv1``,
+``m.0``, ``cv2``; Detect's branches — a region of its own inside, recomputed again during the unit's recompute, which
+then holds one part's activations instead of the layer's: Chen's recursive scheme). Where the model's plans take no
+mode per region (``per_region_modes``), one of ``full``/``selective`` for all units. Each unit is measured once per
+mode, alone, in a training step at batch 1 on a copy of the model: the bytes it stops keeping for backward, the peak
+of the step's backward from the moment it reaches the unit, the FLOPs its recompute adds, and — once that bounded step
+fit — its time on the run's device (a few timed steps of the same copy and batch), whose excess over the vanilla
+step's is the unit's recompute time. FLOPs do not see what recompute costs on hardware (BatchNorm and SiLU recompute
+is memory-bound: ``all selective`` is 1.006x the FLOPs but 1.17x the CPU step time of yolo11n at 640), times do. A
+plan's FLOPs and recompute time are the sums of its units'; its peak is predicted as the largest of the vanilla
+forward and backward peaks less every unit's saving, and of each unit's backward window less the savings of the units
+before it (only those still hold their tensors then) — within about 10% of the measured step. Candidates are tried
+least predicted step time first: those predicted to fit until one is measured to (a real step at the run's batch and
+imgsz, on a copy), then those predicted just over but faster, so the choice always rests on a measurement and the
+training model never runs; the choice's step is then timed at the run's batch.
 
 With AutoBatch (``batch=-1`` or a fraction) the plan measured to keep the least (among those predicted to) sets the
 largest batch (``plan_batch``), and the fastest plan that fits at that batch is chosen.
