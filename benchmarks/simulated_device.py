@@ -72,6 +72,7 @@ def train(project: str, name: str, **kw) -> dict:
 def auto(project: str) -> None:
     r = train(project, "auto", imgsz=640, batch=4, checkpoint_stages="auto", memory_budget="925MB",
               simulate_gpu="925MB")
+    print("\n".join(r["auto"]))
     print(f"auto on a 925 MiB device: batch {r['batch']}, plan {r['plan']}, share {r['target_GB']:.3f} GB, planning "
           f"peak {r['planning_GB']:.3f} GB, epoch peak {r['epoch_GB']:.3f} GB (device {925 / 1024:.3f} GB)")
 
