@@ -152,10 +152,12 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
 
 
 def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int | None = None,
-              fraction: float = 0.6, amp: torch.dtype | None = None) -> dict:
+              fraction: float = 0.6, amp: torch.dtype | None = None, costs: Costs | None = None) -> dict:
     """What ``yolo-ckpt profile`` reports beyond its fixed plans: every candidate plan with its Pareto flag; with
     ``memory_budget``, auto's choice for ``fraction`` of it (``choose_plan``, on the device the profile runs on) and
     the largest imgsz each Pareto plan (and vanilla) fits at this batch; the memory no plan changes.
+
+    ``costs``: the model's ``unit_costs`` at ``imgsz`` when already measured on this device.
 
     Returns:
         (dict): ``candidates`` (rows of ``measure_candidates``), ``untouchable``, ``notes`` (lines for the log) and
@@ -163,7 +165,7 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
     """
     dev = device_memory(next(model.parameters()).device)
     try:
-        costs = unit_costs(model, imgsz, amp=amp)
+        costs = costs or unit_costs(model, imgsz, amp=amp)
     except ValueError as e:  # not even vanilla's batch-1 step fits the device: there is nothing to plan from
         return {"candidates": [], "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": [str(e)],
                 "chosen": None}
