@@ -70,7 +70,7 @@ HEAD = "head"  # the unit of every layer after the backbone that stores activati
 MAX_MEASURED = 12  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
-NESTED = "nested"  # a unit recomputed full, each part of its layers with parts a region of its own inside (Chen)
+NESTED = "nested"  # a unit recomputed full, each part of its block layers a region of its own inside (Chen)
 UNIT_MODES = (*MODES, NESTED)  # what planning may give a unit where the model's plans take per-region modes
 MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
 TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
@@ -90,8 +90,8 @@ class Layout(NamedTuple):
     Attributes:
         unit (Any): A stage number or ``"head"``.
         ranges (tuple): Its layer regions as ``(first, last)`` pairs.
-        nests (tuple): Its layers with parts (``stages.model_parts``): ``nested`` recomputes each part of them as a
-            region of its own inside the unit's regions.
+        nests (tuple): Its block layers, whose parts (``stages.model_parts``) are blocks of their own (``_layout``):
+            ``nested`` recomputes each part of them as a region of its own inside the unit's regions.
     """
 
     unit: Any
@@ -346,7 +346,7 @@ class Costs:
     mixed: bool = False
 
     def modes_of(self, unit: Any) -> tuple[str, ...]:
-        """The modes ``unit`` was measured in (``nested`` only where it has layers with parts)."""
+        """The modes ``unit`` was measured in (``nested`` only where it has block layers)."""
         return tuple(m for m in UNIT_MODES if (unit, m) in self.unit)
 
     def predict(self, units: tuple, modes: tuple | str, batch: int) -> tuple[int, int]:
@@ -414,8 +414,8 @@ def per_region_modes(model: nn.Module) -> bool:
 
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
     """Measure the plain step and each unit alone, in each mode (``nested`` too where the model's plans take modes
-    per region and the unit has layers with parts), at batch 1 (on copies of the model), each within what the device
-    has free, and time each such step that fit.
+    per region and the unit has block layers), at batch 1 (on copies of the model), each within what the device has
+    free, and time each such step that fit.
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
