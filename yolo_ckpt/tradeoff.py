@@ -1,8 +1,9 @@
-"""Every candidate plan measured: the memory-versus-FLOPs front, the largest imgsz per plan, and what checkpointing
-cannot touch.
+"""Every candidate plan of one mode measured: the memory-versus-FLOPs front (with measured and predicted step time),
+the largest imgsz per plan, and what checkpointing cannot touch.
 
 ``yolo-ckpt profile`` uses these to answer what users ask before a run: which plans are worth it (the Pareto front of
-peak memory against recompute FLOPs, with the plan ``checkpoint_stages=auto`` would choose for ``memory_budget``),
+peak memory against recompute FLOPs, each point with its measured step time and the one ``auto`` predicts, with the
+plan ``checkpoint_stages=auto`` would choose for ``memory_budget``),
 how large the images can be at a given batch ("how large can my scans be at batch 8 on a 24 GB GPU?"), and how much
 memory no plan can save: the model state and the loss with its assigner, which grows with objects per image.
 
