@@ -5,6 +5,7 @@ Usage:
     python benchmarks/simulated_device.py budget    # batch=-1 memory_budget=4GB on a 1.5 GB device vs unlimited
     python benchmarks/simulated_device.py escalate  # [2,3] at batch 4 on a device of 0.6x vanilla's epoch peak
     python benchmarks/simulated_device.py third     # auto, yolo11n 640 batch 4, a share of 0.33x vanilla's step
+    python benchmarks/simulated_device.py third --imgsz 160 --share 0.5   # the same at another size and share
 
 Each prints what planning chose, whether anything ran out of memory, and the simulated device's peaks (exact live
 tensor bytes): for ``auto`` and ``third`` the planning phase (from the start of training to its first epoch, the
@@ -97,25 +98,25 @@ def escalate(project: str) -> None:
           f"at batch {r['batch']} with {r['plan']}, epoch peak {r['epoch_GB']:.3f} GB")
 
 
-def third(project: str) -> None:
-    """auto asked for a third of vanilla's step (model state, batch and exact peak, as planning counts it, with the
-    dataset's objects per image as the trainer counts them): memory_budget so that its 60% share is 0.33x that, on a
-    simulated device of memory_budget, so that planning too runs within the device."""
+def third(project: str, imgsz: int = 640, share: float = 0.33) -> None:
+    """auto asked for a third (``share``) of vanilla's step (model state, batch and exact peak, as planning counts
+    it, with the dataset's objects per image as the trainer counts them): memory_budget so that its 60% share is
+    0.33x that, on a simulated device of memory_budget, so that planning too runs within the device."""
     data = synthetic_dataset("detect")
     labels = data.parent / "labels" / "train"
     objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # mosaic, as the trainer counts
-    vanilla = step_bytes(build_model("yolo11n.yaml"), 640, 4, objects)
-    budget = int(0.33 * vanilla / 0.6)
-    print(f"vanilla step {vanilla / 2**30:.3f} GB (yolo11n 640 batch 4, {objects} objects per image); memory_budget="
-          f"{budget}B: share {0.6 * budget / 2**30:.3f} GB = {0.6 * budget / vanilla:.3f}x")
+    vanilla = step_bytes(build_model("yolo11n.yaml"), imgsz, 4, objects)
+    budget = int(share * vanilla / 0.6)
+    print(f"vanilla step {vanilla / 2**30:.3f} GB (yolo11n {imgsz} batch 4, {objects} objects per image); "
+          f"memory_budget={budget}B: share {0.6 * budget / 2**30:.3f} GB = {0.6 * budget / vanilla:.3f}x")
     try:
-        r = train(project, "third", imgsz=640, batch=4, checkpoint_stages="auto", memory_budget=f"{budget}B",
+        r = train(project, "third", imgsz=imgsz, batch=4, checkpoint_stages="auto", memory_budget=f"{budget}B",
                   simulate_gpu=f"{budget}B")
     except CheckpointConfigError as e:  # nothing in auto's space fits the share: its one line says what would
-        print(f"auto at 0.33x: {e}")
+        print(f"auto at {share}x: {e}")
         return
     print("\n".join(r["auto"]))
-    print(f"auto at 0.33x: batch {r['batch']}, plan {r['plan']}, share {r['target_GB']:.3f} GB, planning peak "
+    print(f"auto at {share}x: batch {r['batch']}, plan {r['plan']}, share {r['target_GB']:.3f} GB, planning peak "
           f"{r['planning_GB']:.3f} GB ({r['planning_GB'] * 2**30 / vanilla:.3f}x), epoch peak {r['epoch_GB']:.3f} GB "
           f"({r['epoch_GB'] * 2**30 / vanilla:.3f}x)")
 
@@ -124,6 +125,11 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("case", choices=["auto", "budget", "escalate", "third"])
     p.add_argument("--project", default="runs/simulated_device")
+    p.add_argument("--imgsz", type=int, default=640, help="third: image size")
+    p.add_argument("--share", type=float, default=0.33, help="third: the share of vanilla's step")
     a = p.parse_args()
-    {"auto": auto, "budget": budget, "escalate": escalate, "third": third}[a.case](a.project)
+    if a.case == "third":
+        third(a.project, a.imgsz, a.share)
+    else:
+        {"auto": auto, "budget": budget, "escalate": escalate}[a.case](a.project)
     sys.exit(0)
