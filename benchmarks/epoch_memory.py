@@ -8,6 +8,7 @@ measuring memory. Use ``--epochs 2`` or more: epoch 1 includes one-off warm-up.
 
 Usage:
     python benchmarks/epoch_memory.py --model yolo11n.yaml --imgsz 640 --batch 4 --epochs 1 --stages all "[2,3]"
+    python benchmarks/epoch_memory.py --stages --third   # only whole_network.THIRD (regions inside layers, nested)
 """
 
 import argparse
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import ultralytics
+from whole_network import THIRD
 
 from yolo_ckpt import YOLO
 from yolo_ckpt.synthetic import synthetic_dataset
@@ -29,15 +31,20 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--stages", nargs="+", default=["all", "[2,3]"])
+    p.add_argument("--stages", nargs="*", default=["all", "[2,3]"])
+    p.add_argument("--third", action="store_true", help="also whole_network.THIRD, named 'third'")
     a = p.parse_args()
     project = Path(tempfile.mkdtemp(prefix="epoch_memory_"))
     runs = {}
     args = dict(data=str(synthetic_dataset("detect")), epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=a.device,
                 workers=0, plots=False, val=False, project=str(project), verbose=False)
-    for spec in ["ultralytics", "[]", *a.stages]:
+    for spec in ["ultralytics", "[]", *a.stages, *(["third"] if a.third else [])]:
         if spec == "ultralytics":
             ultralytics.YOLO(a.model).train(name=spec, **args)
+        elif spec == "third":
+            stages, mode, layers = THIRD
+            YOLO(a.model).train(name=spec, checkpoint_stages=stages, checkpoint_mode=mode, checkpoint_layers=layers,
+                                **args)
         else:
             YOLO(a.model).train(name=spec, checkpoint_stages=spec if spec == "all" else ast.literal_eval(spec), **args)
         with open(project / spec / "results.csv") as f:

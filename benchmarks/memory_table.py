@@ -20,6 +20,7 @@ Usage:
 import argparse
 
 import torch
+from whole_network import THIRD
 
 from yolo_ckpt.measure import build_model, measure_peak, step_bytes, training_batch
 from yolo_ckpt.planner import choose_plan, describe, unit_costs
@@ -28,7 +29,7 @@ from yolo_ckpt.stages import CheckpointPlan
 
 PLANS = {"none": [], "[2,3]": [2, 3], "all": "all", "[2,3] selective": ([2, 3], "selective"),
          "all selective": ("all", "selective"), "all + head": ("all", "full", "head"),
-         "all + head selective": ("all", "selective", "head")}
+         "all + head selective": ("all", "selective", "head"), "parts nested (whole_network.THIRD)": THIRD}
 SHARES = [0.5, 0.6, 0.7, 0.8, 0.9]  # auto rows: budgets as shares of the vanilla step's peak
 AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -59,7 +60,7 @@ def _key(model, spec) -> tuple:
     """What a plan recomputes: its regions and mode, whichever way ``spec`` names them."""
     spec = spec if isinstance(spec, tuple) else (spec, "full")
     plan = CheckpointPlan.from_spec(model, spec[0], *spec[2:])
-    return tuple(tuple(r.layers) for r in plan.regions), spec[1] if plan.regions else "full"
+    return tuple(plan.regions), spec[1] if plan.regions else "full"
 
 
 def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3,

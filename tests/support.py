@@ -151,7 +151,9 @@ def conv_counts(run_dir: Path, rank: int = -1) -> dict[str, int]:
 def assert_convs_recomputed(vanilla: dict[str, int], ckpt: dict[str, int], plan: CheckpointPlan) -> None:
     """Each convolution ran once per step, as in vanilla, outside every region; inside exactly one region once more
     (its recompute); inside nested regions at least once and at most once per region more (an outer recompute stops
-    once the tensors it holds itself are back, torch's early stop, before a part with its own checkpoint)."""
+    once the tensors it holds itself are back, torch's early stop, before a part with its own checkpoint). Counted by
+    forward pre-hooks, so a part that is itself a convolution (``"3.conv"``) shows no recompute: its checkpoint calls
+    its ``forward``, not the module; tests name composite parts."""
     def around(name: str) -> int:
         i, path = int(name.split(".")[1]), name.split(".", 2)[2]
         layer = any(i in r.layers for r in plan.regions if not r.parts)

@@ -50,3 +50,28 @@ def test_recipe_step_extended_from_small_batches_is_the_measured_step():
     assert [b for b, _ in points] == [1, 2] and cfg["batch"] == 8
     measured = measured_step(model, 512, 8)
     assert abs(extended - measured) <= 0.03 * measured, (extended, measured)
+
+
+def test_whole_network_prints_each_plan_and_what_is_alive_at_its_peak():
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "whole_network.py"), "--imgsz", "128", "--batch", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    for plan in ("whole network (all + head)", "one region per layer", "parts nested (THIRD)"):
+        assert f"\n{plan}: checkpoint_stages=" in out.stdout
+    assert out.stdout.count("alive at the peak, by what made it: ") == 3 and "target <= 0.3x peak" in out.stdout
+
+
+def test_selective_policy_benchmark_prints_every_rule_and_op_kind():
+    """The selective benchmark at 64 px: a row per rule, vanilla's ratios 1; keeping everything recomputes no
+    convolution (FLOP ratio 1), the other rules keep less than vanilla; the op table names the ops the rules decide
+    on."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "selective_policy.py"), "--imgsz", "64", "--repeats", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    rows = {line.split(" | ")[0].removeprefix("| "): line.split(" | ")[1:] for line in out.stdout.splitlines()
+            if line.startswith("| ")}
+    assert rows["vanilla"][1:2] == ["1.000"] and rows["vanilla"][3] == "1.000"
+    assert rows["keep all"][3] == "1.000"
+    assert float(rows["cost"][1]) < 1 and float(rows["by name"][1]) < 1 and float(rows["cost + BatchNorm"][1]) < 1
+    for op in ("convolution.default", "native_batch_norm.default", "max_pool2d_with_indices.default", "silu.default"):
+        assert op in rows, op

@@ -40,13 +40,17 @@ def graphs_and_breaks(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int
     return explained.graph_count, explained.graph_break_count
 
 
-@pytest.mark.parametrize("stages, mode", [([2, 3], "full"), ("all", "selective")])
-def test_checkpointing_adds_no_graph_break(stages, mode):
+@pytest.mark.parametrize("stages, mode, layers", [
+    ([2, 3], "full", None), ("all", "selective", None),
+    ([2, 3], "selective", ["2.*", "23.*"]),  # parts nested in stages, Detect per branch
+    ([], "full", [[0, 4], "2.*", "23.cv3.0.0-cv3.0.1:selective", "9.m"]),  # a run inside a Sequential, per-region mode
+])
+def test_checkpointing_adds_no_graph_break(stages, mode, layers):
     torch.manual_seed(0)
     model = DetectionModel("yolo11n.yaml", nc=4, verbose=False).train()
     x = torch.rand(2, 3, 64, 64)
     plain = graphs_and_breaks(model, x)
-    enable_checkpointing(model, CheckpointPlan.from_spec(model, stages), mode)
+    enable_checkpointing(model, CheckpointPlan.from_spec(model, stages, layers), mode)
     assert graphs_and_breaks(model, x) == plain == (1, 0)
 
 
@@ -69,18 +73,20 @@ def compiled_steps(model: torch.nn.Module, batch: dict, steps: int = 2) -> list:
     return traced
 
 
-@pytest.mark.parametrize("mode", ["full", "selective"])
-def test_compiled_recompute_keeps_batchnorm_and_gradients_exact(mode):
+@pytest.mark.parametrize("mode, layers", [("full", None), ("selective", None),
+                                          ("full", ["2.*", "4.m.0:selective", "7.cv2.0"])])  # parts, nested too
+def test_compiled_recompute_keeps_batchnorm_and_gradients_exact(mode, layers):
     torch.manual_seed(0)
     base = DetectionModel(deepcopy(TINY), verbose=False).train()
     base.args = get_cfg()  # the loss reads its hyperparameters here
     batch = training_batch(base, 64, 2)
     plain, ckpt = deepcopy(base), deepcopy(base)
-    plan = CheckpointPlan.from_spec(ckpt, [2, 3])
+    plan = CheckpointPlan.from_spec(ckpt, [2, 3], layers)
     enable_checkpointing(ckpt, plan, mode)
     compiled_steps(plain, batch)
     graphs = compiled_steps(ckpt, batch)
-    tagged = [n for g in graphs for n in g.graph.nodes if n.target is torch.ops.higher_order.tag_activation_checkpoint]
+    tagged = [n for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes
+              if n.target is torch.ops.higher_order.tag_activation_checkpoint]  # nested ones in their region's body
     assert len(graphs) == 1 and len(tagged) == len(plan.regions)  # one graph, the regions checkpointed inside it
     reference = plain.state_dict()
     for k, v in ckpt.state_dict().items():  # weights after two steps, BatchNorm running statistics

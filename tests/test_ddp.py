@@ -32,9 +32,11 @@ from support import (
     CkptGloo,
     VanillaGloo,
     add_counting,
+    assert_convs_recomputed,
     assert_recomputed,
     assert_same_run,
     auto_budget,
+    conv_counts,
     forward_counts,
     results,
 )
@@ -43,6 +45,7 @@ from support import (
 pytestmark = pytest.mark.xdist_group("ddp")
 
 STAGES, LAYERS = [2, 3], {1, 2, 3, 4}  # yolo11n: stage 2 = layers 1-2, stage 3 = layers 3-4
+PARTS = ["4.*", "23.cv2.0", "23.cv3.0.0-cv3.0.1:selective"]  # the DDP pair also has regions inside layers (nested)
 
 
 def worker_file_run(trainer_cls, data: str, project: Path, name: str, **kw) -> Path:
@@ -83,8 +86,8 @@ def gloo_runs(detect_data, tmp_path_factory):
     budget = int(auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"] // 2, 0.8)[:-1])
     buckets = grad_bytes(DetectionModel("yolo11n.yaml", verbose=False))
     auto = {"checkpoint_stages": "auto", "simulate_gpu": f"{budget + int(buckets / 0.6)}B"}
-    for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, {"checkpoint_stages": STAGES}),
-                                 ("auto", CkptGloo, auto)):
+    ckpt = {"checkpoint_stages": STAGES, "checkpoint_layers": PARTS}
+    for name, trainer, extra in (("vanilla", VanillaGloo, {}), ("ckpt", CkptGloo, ckpt), ("auto", CkptGloo, auto)):
         model = ultralytics.YOLO("yolo11n.yaml")
         add_counting(model)
         model.train(trainer=trainer, data=detect_data, project=str(project), name=name, **{
@@ -94,8 +97,10 @@ def gloo_runs(detect_data, tmp_path_factory):
 
 
 def test_two_process_ddp_matches_plain_ddp(gloo_runs):
-    for rank in (0, 1):  # each worker recomputed the checkpointed stages
+    plan = CheckpointPlan.from_spec("yolo11n.yaml", STAGES, PARTS)
+    for rank in (0, 1):  # each worker recomputed the checkpointed stages, and the parts inside and beyond them
         assert_recomputed(forward_counts(gloo_runs["vanilla"], rank), forward_counts(gloo_runs["ckpt"], rank), LAYERS)
+        assert_convs_recomputed(conv_counts(gloo_runs["vanilla"], rank), conv_counts(gloo_runs["ckpt"], rank), plan)
     assert_same_run(gloo_runs["vanilla"], gloo_runs["ckpt"], ranks=(0, 1))
 
 

@@ -13,13 +13,14 @@ import pytest
 import torch
 import yaml
 from ultralytics.nn.tasks import DetectionModel
+from ultralytics.utils import YAML
 
 from yolo_ckpt import CheckpointPlan, disable_checkpointing, enable_checkpointing
 from yolo_ckpt.measure import build_model, step_loss, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.stages import CheckpointConfigError, model_parts
 
-from support import SMALL, assert_convs_recomputed, assert_same_training, train_pair
+from support import RTDETR_TINY, SMALL, assert_convs_recomputed, assert_same_training, train_pair
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,7 @@ KINDS = [  # (stages, checkpoint_layers, mode)
     ((), [[0, 4], "2.*", "4.m.0:selective"], "full"),  # parts nested in a layer region
     ((1, 2, 3, 4), ["23.*", "16", "19", "23", "2.*", "4.*", "7-10:selective"], "full"),  # the 0.30x plan
     ((), ["9.cv1-cv2", "10.m.0", "10.cv1"], "full"),  # SPPF's thrice-called m inside a run; C2PSA
+    ((2, 3), ["4.cv1-m.0:full", "2.m.0"], "selective"),  # a run of a layer's own parts nested in a stage
 ]
 
 
@@ -100,6 +102,50 @@ def test_part_regions_are_exact_and_recompute_their_parts(yolo11n, stages, layer
         assert torch.equal(b, our_buffers[n]), n
     plan = CheckpointPlan.from_spec(yolo11n, list(stages), layers)
     assert_convs_recomputed(convs, our_convs, plan)
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n-seg.yaml", "yolo11n-pose.yaml", "yolo11n-obb.yaml", "yolo26n-sem.yaml",
+                                 "yolo26n-depth.yaml", "yolo11n-cls.yaml", "rtdetr-tiny.yaml"])
+def test_every_head_per_part_is_exact(cfg, tmp_path):
+    """Each task's head (Segment, Pose, OBB per branch and scale; the semantic, depth, classify heads; RT-DETR's
+    decoder with its denoising draws) with every part its own region: exact, and every part recomputed."""
+    if cfg == "rtdetr-tiny.yaml":
+        YAML.save(tmp_path / cfg, RTDETR_TINY)
+        cfg = str(tmp_path / cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    layers = [f"{len(model.model) - 1}.*"]
+    batch = training_batch(model, 96, 2)
+    torch.manual_seed(0)
+    grads, buffers, convs, _ = one_step(model, batch)
+    torch.manual_seed(0)
+    ours, our_buffers, our_convs, _ = one_step(model, batch, layers)
+    for n, g in grads.items():
+        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
+    for n, b in buffers.items():
+        assert torch.equal(b, our_buffers[n]), n
+    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, [], layers))
+
+
+@pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolov5n.yaml", "yolo12n.yaml", "yolov9t.yaml", "yolov10n.yaml"])
+def test_every_block_per_part_is_exact(cfg):
+    """C2f, C3, A2C2f, RepNCSPELAN4/ADown/SPPELAN, C2fCIB/SCDown/PSA: every part of every layer its own region,
+    nested in regions of whole layers two by two."""
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    parts = model_parts(model)
+    composite = [i for i, tree in parts.items() if any(list(model.model[i].get_submodule(n).children())
+                                                      for n in tree.get("", ()))]  # a leaf part's recompute is no call
+    layers = [*(f"{i}.*" for i in composite),
+              *([i, i + 1] for i in range(0, len(model.model) - 1, 4))]
+    batch = training_batch(model, 64, 1)
+    grads, buffers, convs, _ = one_step(model, batch)
+    ours, our_buffers, our_convs, _ = one_step(model, batch, layers)
+    for n, g in grads.items():
+        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
+    for n, b in buffers.items():
+        assert torch.equal(b, our_buffers[n]), n
+    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, [], layers))
 
 
 def test_nesting_lowers_the_backward_peak(yolo11n):
@@ -147,3 +193,34 @@ def test_training_with_parts_is_vanilla_training(tmp_path, detect_data):
     cfg.write_text(yaml.safe_dump(SMALL))
     vanilla, ckpt = train_pair(str(cfg), [1, 2], detect_data, tmp_path, layers=layers, epochs=1)
     assert_same_training(str(cfg), [1, 2], vanilla, ckpt, layers)
+
+
+def test_compile_with_a_run_of_a_layers_own_parts_is_one_line_before_any_work():
+    from yolo_ckpt.trainer import check_settings
+
+    with pytest.raises(CheckpointConfigError, match=r"2.m.0-cv2 is a run of parts of layer 2's own forward, which "
+                                                    r"compile=True cannot trace in one graph. Valid with compile:"):
+        check_settings("yolo11n.yaml", {"checkpoint_layers": ["2.m.0-cv2"], "compile": True})
+    check_settings("yolo11n.yaml", {"checkpoint_layers": ["2.m.0", "23.*"], "compile": True})  # single parts compile
+
+
+def test_a_run_of_all_parts_keeps_what_torch_checkpoint_of_the_layer_keeps(yolo11n):
+    """The reference is plain ``torch.utils.checkpoint`` of the whole layer: a run of all the layer's own parts keeps
+    exactly its bytes after the forward; a shorter run keeps more (its outside parts store as usual), and less than the
+    plain layer."""
+    x = torch.randn(2, 32, 64, 64, requires_grad=True)  # layer 2's input
+
+    def kept(run=None, reference=False):
+        model = deepcopy(yolo11n)
+        if run:
+            enable_checkpointing(model, CheckpointPlan.from_spec(model, [], [f"2.{run}"]), "full")
+        layer = model.model[2]
+        with LiveTensorTracker() as t:
+            y = torch.utils.checkpoint.checkpoint(layer, x * 1, use_reentrant=False) if reference else layer(x * 1)
+            saved = t.current - y.untyped_storage().nbytes()
+        y.sum().backward()
+        return saved
+
+    whole = kept(reference=True)
+    assert kept("cv1-cv2") == whole
+    assert whole < kept("cv1-m.0") < kept()

@@ -1,16 +1,18 @@
 """checkpoint_region against plain autograd and plain torch.utils.checkpoint."""
 
 import math
+import time
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from ultralytics.nn.modules import C3k2, Conv
+from ultralytics.nn.modules import C2PSA, SPPF, C3k2, Conv
 
 from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.recompute import CHEAP_CONV_MACS, checkpoint_region
+from yolo_ckpt.recompute import CHEAP_CONV_MACS, KEEP_NS_PER_BYTE, checkpoint_region, recompute_cost
 
 from support import tensor_differences
 
@@ -112,20 +114,82 @@ def kept_bytes(run, block, x) -> int:
     return kept
 
 
-def test_selective_keeps_the_outputs_of_expensive_convolutions():
+def pooled_block() -> nn.Sequential:
+    """The stem block and SPPF: convolutions on both sides of ``CHEAP_CONV_MACS`` and 5x5 max pooling windows."""
+    torch.manual_seed(0)
+    return nn.Sequential(*stem_block(nn.BatchNorm2d(8)), SPPF(16, 16, 5))
+
+
+def test_selective_keeps_expensive_convolutions_and_pooling_windows():
     """Selective keeps, beyond what full recompute keeps, exactly the outputs of the convolutions with more than
-    CHEAP_CONV_MACS multiply-adds per output element; far less than plain autograd keeps."""
-    block, x = stem_block(nn.BatchNorm2d(8)).train(), torch.randn(2, 3, 32, 32)
+    CHEAP_CONV_MACS multiply-adds per output element and of the pooling windows (SPPF's max pools: 25 compares per
+    output element); BatchNorm, SiLU, concat and the cheap convolutions are recomputed. Far less than plain autograd
+    keeps."""
+    block, x = pooled_block().train(), torch.randn(2, 3, 32, 32)
     got = {run.__name__: kept_bytes(run, block, x) for run in (plain, full, selective)}
-    outputs = {}
     convs = [m for m in block.modules() if isinstance(m, nn.Conv2d)]
-    record = lambda m, i, o: outputs.__setitem__(m, o.untyped_storage().nbytes())  # noqa: E731
-    hooks = [m.register_forward_hook(record) for m in convs]
+    expensive, cheap = [], []
+    macs = {m: m.in_channels // m.groups * math.prod(m.kernel_size) for m in convs}  # per output element
+    def record(m, i, o):  # max pooling's backward needs the int64 indices of the maxima, kept with the values
+        indices = o.numel() * 8 if isinstance(m, nn.MaxPool2d) else 0
+        kept = cheap if macs.get(m, math.inf) <= CHEAP_CONV_MACS else expensive
+        kept.append(o.untyped_storage().nbytes() + indices)
+
+    hooks = [m.register_forward_hook(record) for m in block.modules() if isinstance(m, (nn.Conv2d, nn.MaxPool2d))]
     block(x)
     for h in hooks:
         h.remove()
-    macs = {m: m.in_channels // m.groups * math.prod(m.kernel_size) for m in convs}  # per output element
-    expensive = [n for m, n in outputs.items() if macs[m] > CHEAP_CONV_MACS]
-    assert 0 < len(expensive) < len(outputs)  # the RGB stem (27) and the 1x1 convs over 16 channels are cheap
-    assert got["selective"] - got["full"] == sum(expensive), (got, outputs)
+    assert len(expensive) > 3 and cheap  # three pooling windows, convolutions over 72; the RGB stem (27), 1x1s
+    assert got["selective"] - got["full"] == sum(expensive), (got, expensive, cheap)
     assert got["selective"] < got["plain"]
+
+
+def test_selective_with_pooling_and_attention_bitwise_equal_to_plain_autograd():
+    """What the cost rule keeps beyond convolutions — pooling windows, attention's long-inner-dimension matmul — and
+    what it recomputes — BatchNorm, softmax, the short-inner-dimension QK^T — change nothing: buffers, weights and
+    gradients after three steps are those of plain autograd."""
+    make = lambda: nn.Sequential(*pooled_block(), Conv(16, 128, 3, 2), C2PSA(128, 128))  # noqa: E731
+    ref, ckpt, x = make(), make(), torch.randn(2, 3, 64, 64)  # 64 tokens of 32-wide keys in the attention
+    for _ in range(3):
+        step(ref, plain, x)
+        step(ckpt, selective, x)
+    grads = lambda block: {k: p.grad for k, p in block.named_parameters()}  # noqa: E731
+    diffs = tensor_differences(ref.state_dict(), ckpt.state_dict(), "buffers and weights") + \
+        tensor_differences(grads(ref), grads(ckpt), "grads")
+    assert not diffs, "\n".join(line for _, line in sorted(diffs, key=lambda d: -d[0]))
+
+
+def _ns_per_byte(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rounds: int = 7) -> float:
+    """Measured CPU time of ``op(x)`` per byte of its output (the fastest of ``rounds``, this thread's own time)."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.thread_time_ns()
+        out = op(x)
+        times.append(time.thread_time_ns() - t0)
+    return min(times) / (out.numel() * out.element_size())
+
+
+def test_cost_model_orders_ops_as_this_cpu_times_them():
+    """The model behind the rule against this machine's clock: SiLU, BatchNorm in training, a 3x3 convolution over 32
+    channels and a 5x5 max pool, timed per byte of output, fall in the order their modelled costs give, and
+    KEEP_NS_PER_BYTE splits them as the rule acts (SiLU and BatchNorm recomputed, the convolution and the pool kept);
+    each is more than twice the one before, so the order is not noise."""
+    torch.manual_seed(0)
+    x, aten = torch.randn(4, 32, 64, 64), torch.ops.aten
+    conv, bn, pool = nn.Conv2d(32, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32).train(), nn.MaxPool2d(5, 1, 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the model's figures are one thread's; thread_time sees only this one
+    try:
+        with torch.no_grad():
+            measured = {"silu": _ns_per_byte(torch.nn.functional.silu, x), "batch norm": _ns_per_byte(bn, x),
+                        "conv": _ns_per_byte(conv, x), "pool": _ns_per_byte(pool, x)}
+    finally:
+        torch.set_num_threads(threads)
+    modelled = {"silu": recompute_cost(aten.silu.default, (x,), x),
+                "batch norm": recompute_cost(aten.native_batch_norm.default, (x,), x),
+                "conv": recompute_cost(aten.convolution.default, (x, conv.weight), x),
+                "pool": recompute_cost(aten.max_pool2d_with_indices.default, (x, [5, 5]), x)}
+    assert sorted(measured, key=measured.get) == sorted(modelled, key=modelled.get) == list(measured), measured
+    assert [modelled[k] >= KEEP_NS_PER_BYTE for k in modelled] == [False, False, True, True]
+    ratios = [b / a for a, b in zip(list(measured.values()), list(measured.values())[1:])]
+    assert min(ratios) > 2, measured

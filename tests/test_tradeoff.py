@@ -2,8 +2,8 @@
 
 The reference for a plan's step bytes is written here without yolo_ckpt's checkpointing: Ultralytics' layer loop by
 hand with plain ``torch.utils.checkpoint`` around the plan's regions (selective: torch's selective-checkpoint contexts
-with the documented rule, convolutions over ``CHEAP_CONV_MACS`` multiply-adds kept), its exact peak from a fresh
-``LiveTensorTracker``, and the model state and input batch counted from shapes.
+with the documented rule: convolutions over ``CHEAP_CONV_MACS`` multiply-adds and pooling windows kept), its exact
+peak from a fresh ``LiveTensorTracker``, and the model state and input batch counted from shapes.
 """
 
 import math
@@ -63,7 +63,11 @@ def _reads(m) -> list[int]:
 
 
 def _keep_expensive_convs(ctx, op, *args, **kwargs):
+    """These models' regions hold convolutions, BatchNorm, SiLU, concat, upsample and SPPF's max pools, nothing else
+    the rule keeps (no matmul, no reduction)."""
     if op is torch.ops.aten.convolution.default and math.prod(args[1].shape[1:]) > CHEAP_CONV_MACS:
+        return CheckpointPolicy.MUST_SAVE
+    if op is torch.ops.aten.max_pool2d_with_indices.default:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -50,6 +50,13 @@ def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(d
     assert_same_training("yolov8n.yaml", [2, 3], *pair, layers=layers)
 
 
+def test_yolo11n_all_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
+    """The whole backbone selective: what the cost rule keeps beyond convolutions (SPPF's pooling windows, C2PSA's
+    long-inner-dimension matmul) and what it recomputes (BatchNorm, SiLU, the cheap convolutions, QK^T)."""
+    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, mode="selective")
+    assert_same_training("yolo11n.yaml", "all", *pair)
+
+
 @pytest.mark.parametrize("task, model", [("segment", "yolo11n-seg.yaml"), ("pose", "yolo26n-pose.yaml"),
                                          ("obb", "yolo11n-obb.yaml"), ("classify", "yolov8n-cls.yaml"),
                                          ("semantic", "yolo26n-sem.yaml"), ("depth", "yolo26n-depth.yaml")])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -222,8 +222,13 @@ def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) ->
     return counter.flops
 
 
-def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dtype | None = None) -> list[float]:
-    """Median step time of each model, timed in interleaved rounds so machine drift hits all of them alike."""
+def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dtype | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Median step time of each model, timed in interleaved rounds so machine drift hits all of them alike.
+
+    ``clock``: wall-clock by default; ``time.process_time`` gives a CPU step's own CPU time (all of this process's
+    threads), which other processes on a shared machine do not stretch.
+    """
     times: list[list[float]] = [[] for _ in models]
     cuda = batch["img"].is_cuda
     for _ in range(repeats):
@@ -231,11 +236,11 @@ def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dt
             model.zero_grad(set_to_none=True)
             if cuda:
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = clock()
             step_loss(model, batch, amp).backward()
             if cuda:
                 torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t0)
+            ts.append(clock() - t0)
             model.zero_grad(set_to_none=True)
     return [statistics.median(ts) if ts else 0.0 for ts in times]
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .recompute import MODES, checkpoint_region, stored_as_usual
+from .recompute import MODES, checkpoint_region, enclosing_hooks, stored_as_around
 from .stages import CheckpointConfigError, CheckpointPlan, Region, layer_inputs
 
 SUPPORTED_MODELS = ("Valid: the detect, segment, pose, obb and classify models of YOLOv3-v10, YOLO11, YOLO12 and "
@@ -222,9 +222,10 @@ def _own_run_forward(layer: nn.Module, prior: Callable[..., Any] | None, state: 
         return forward(*args)
     outputs: list[Any] = []
     runs = [0]
+    around = enclosing_hooks()  # how the parts outside the run store: as this layer would without the run
 
     def replay(*a: Any) -> Any:
-        state.update(outputs=outputs, at=0, replay=runs[0] > 0)
+        state.update(outputs=outputs, at=0, replay=runs[0] > 0, around=around)
         runs[0] += 1
         try:
             return forward(*a)
@@ -235,14 +236,15 @@ def _own_run_forward(layer: nn.Module, prior: Callable[..., Any] | None, state: 
 
 
 def _outside_forward(module: nn.Module, prior: Callable[..., Any] | None, state: dict, *args: Any) -> Any:
-    """A part outside its layer's run (``_own_run_forward``): stored as usual in the forward, replayed from it."""
+    """A part outside its layer's run (``_own_run_forward``): stored in the forward as without the run (also by an
+    enclosing region), and given back from the forward in the run's recompute."""
     forward = _inner(module, prior)
     if state.get("outputs") is None:  # the layer is not recomputing a run now (eval, no grad)
         return forward(*args)
     if state["replay"]:
         state["at"] += 1
         return state["outputs"][state["at"] - 1]
-    with stored_as_usual():
+    with stored_as_around(state["around"]):
         out = forward(*args)
     state["outputs"].append(out)
     return out

@@ -67,7 +67,7 @@ from .recompute import MODES
 from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages
 
 HEAD = "head"  # the unit of every layer after the backbone that stores activations (``checkpoint_layers=head``)
-MAX_MEASURED = 12  # candidates measured at most before falling back to those predicted to keep the least
+MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
 NESTED = "nested"  # a unit recomputed full, each part of its block layers a region of its own inside (Chen)

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 
@@ -53,10 +54,20 @@ def restored_buffers(modules: Iterable[nn.Module]) -> Iterator[None]:
                 b.copy_(s)
 
 
-def stored_as_usual() -> torch.autograd.graph.saved_tensors_hooks:
-    """Tensors saved for backward inside the block are stored as without checkpointing, also inside a checkpoint's
-    forward (the innermost saved-tensor hooks apply): the parts of a layer outside a run it recomputes."""
-    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+def enclosing_hooks() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """The saved-tensor hooks active now (an enclosing checkpoint's, or its recompute's), ``None`` outside any.
+
+    Private torch API, the one call ``torch.utils.checkpoint`` itself makes to find them (torch 2.14.1): there is no
+    public way to read the innermost ``saved_tensors_hooks``.
+    """
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def stored_as_around(hooks: tuple[Callable[..., Any], Callable[..., Any]] | None) -> Any:
+    """Inside the block, tensors saved for backward are stored as ``hooks`` (``enclosing_hooks`` taken before a
+    checkpoint began) store them, or as without checkpointing: the innermost saved-tensor hooks apply, so the parts of
+    a layer outside a run it recomputes store as they would without that run, nested in a larger region or not."""
+    return torch.autograd.graph.saved_tensors_hooks(*(hooks or (_same, _same)))
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
@@ -64,28 +75,87 @@ def _same(t: torch.Tensor) -> torch.Tensor:
 
 
 MODES = ("full", "selective")
-"""How a region is recomputed: ``full`` keeps only the region's inputs; ``selective`` also keeps the outputs of its
-expensive ops (convolutions, matrix products) and recomputes the rest (normalisation, activations, elementwise ops,
-concat, upsample, pooling, cheap convolutions) — most of the memory for almost none of the FLOPs."""
+"""How a region is recomputed: ``full`` keeps only the region's inputs; ``selective`` also keeps the outputs whose
+recompute costs most per byte kept (convolutions over more than ``CHEAP_CONV_MACS`` multiply-adds per output element,
+matrix products with a long inner dimension, attention, pooling windows, reductions) and recomputes the rest
+(BatchNorm, activations, elementwise ops, concat, upsample, the cheapest convolutions): ``recompute_cost``."""
 
 _aten = torch.ops.aten
-SAVED_OPS = frozenset({  # the expensive ops whose outputs selective recompute keeps
-    _aten.convolution.default, _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+_MATMULS = {_aten.mm.default: 0, _aten.addmm.default: 1, _aten.bmm.default: 0, _aten.baddbmm.default: 1}
+"""Matrix products, each with the argument whose last dimension is the inner (multiply-add) dimension."""
+SAVED_OPS = frozenset({  # attention: its recompute is a whole softmax(QK^T)V, always kept
     _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
-    _aten._scaled_dot_product_cudnn_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_flash_attention_for_cpu.default,
 })
-CHEAP_CONV_MACS = 32
-"""Multiply-adds per output element up to which a convolution is recomputed rather than kept: the RGB stem (3x3x3 =
-27), depthwise 3x3 (9), 1x1 over at most 32 channels. Their outputs are as large as any other's, their recompute
-nearly free: yolo11n at 640 px, all stages, goes from 0.662x to 0.621x the vanilla peak for 1.006x the FLOPs
-(64 would give 0.583x for 1.017x)."""
+_POOLS = frozenset({_aten.max_pool2d_with_indices.default, _aten.max_pool2d.default, _aten.avg_pool2d.default})
+_BATCH_NORMS = frozenset(getattr(_aten, name).default for name in (
+    "native_batch_norm", "cudnn_batch_norm", "_batch_norm_with_update", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional") if hasattr(_aten, name))
+
+# Modelled recompute time in nanoseconds per byte of the op's output (fp32, one CPU thread), fitted to the per-op
+# times of yolo11n's backbone at 640 px, batch 4 (``python benchmarks/selective_policy.py`` prints them measured):
+NS_PER_MAC = 0.0042  # convolution/matmul, per multiply-add per output element: 27 MACs 0.22, 144 MACs 0.71 measured
+NS_COMPUTE = 0.11  # ... plus a fixed part (reading the input, writing the output)
+NS_PER_TAP = 0.28  # pooling, per window element per byte of values (scalar compares): SPPF's 5x5 max pool 6.9
+# measured per byte of its values, 2.3 per byte kept with its int64 indices
+NS_BATCH_NORM = 0.33  # BatchNorm in training: two reductions over the input for its statistics, then normalising
+NS_PER_BYTE_TOUCHED = 0.03  # any other op, per byte it reads and writes: SiLU 0.06, concat 0.05 measured
+KEEP_NS_PER_BYTE = 0.35
+"""Selective keeps an op's output when its modelled recompute costs at least this per byte kept; below it, the
+recompute is the cheaper way to have the tensor in backward. The exchange rate between memory and time sits just above
+BatchNorm, the costliest memory-bound op: yolo11n's whole backbone at 640 px, batch 4 keeps 0.596x the vanilla peak at
+1.015x the FLOPs and 1.118x the CPU step time (the by-name rule before: 0.621x, 1.006x, 1.129x); with BatchNorm's
+outputs kept too, 0.758x at 1.061x; keeping everything, 1.040x at 1.021x, the selective machinery alone
+(``python benchmarks/selective_policy.py``, README "Selective: where the bytes and the time are")."""
+CHEAP_CONV_MACS = math.floor((KEEP_NS_PER_BYTE - NS_COMPUTE) / NS_PER_MAC)
+"""Multiply-adds per output element up to which a convolution (or matmul) is recomputed rather than kept (57): the
+RGB stem (3x3x3 = 27), depthwise 3x3 to 7x7, 1x1 over at most 57 channels, attention's QK^T over 32-wide heads; their
+outputs are as large as any other's and their recompute costs less per byte than BatchNorm's."""
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the tensors in an op's argument or output (nested lists/tuples; fake tensors under compile too)."""
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+def recompute_cost(op: Any, args: tuple, output: Any) -> float:
+    """Modelled time to recompute ``op`` per byte of its ``output``, in nanoseconds (``inf``: always keep).
+
+    Compute-bound ops (convolutions, matrix products, attention, pooling) cost by their work per output element;
+    everything else is memory-bound and costs by the bytes it touches per byte it writes, so reductions, whose outputs
+    are small, are kept; BatchNorm, which reads its input three times and reduces per channel, has a measured figure of
+    its own, five times SiLU's.
+    """
+    if op is _aten.convolution.default:  # weight: out, in/groups, kernel...
+        return NS_COMPUTE + NS_PER_MAC * math.prod(args[1].shape[1:])
+    if op in _MATMULS:
+        return NS_COMPUTE + NS_PER_MAC * args[_MATMULS[op]].shape[-1]
+    if op in SAVED_OPS:
+        return math.inf
+    if op in _POOLS:
+        kernel = args[1]  # int[2]; one int stands for a square window
+        taps = math.prod(kernel) if len(kernel) > 1 else kernel[0] ** 2
+        values = output[0] if isinstance(output, (tuple, list)) else output  # max pooling also keeps int64 indices
+        return NS_PER_TAP * taps * _nbytes(values) / max(_nbytes(output), 1)
+    if op in _BATCH_NORMS:
+        return NS_BATCH_NORM
+    written = _nbytes(output)
+    return NS_PER_BYTE_TOUCHED * (_nbytes(args) + written) / written if written else 0.0
+
+
+def _aliases(op: Any) -> bool:
+    """Does ``op`` return a view of, or write into, one of its inputs? Keeping such an output keeps (or caches a
+    mutated) input storage: always recomputed (the second ``num_batches_tracked.add_`` is undone by the restore)."""
+    schema = getattr(op, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
 def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    """Keep the outputs of expensive ops; recompute everything else (BatchNorm too: its buffers are restored)."""
-    if op is _aten.convolution.default and math.prod(args[1].shape[1:]) <= CHEAP_CONV_MACS:  # weight: out, in/g, k..
+    """Keep the output when its recompute costs at least ``KEEP_NS_PER_BYTE`` per byte kept (``recompute_cost``);
+    recompute everything else (BatchNorm too: its buffers are restored)."""
+    if _aliases(op) or recompute_cost(op, args, ctx.op_output) < KEEP_NS_PER_BYTE:
         return CheckpointPolicy.PREFER_RECOMPUTE
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
 
 
 @contextmanager
