@@ -23,7 +23,7 @@ from yolo_ckpt.device import (
     output_bytes,
     simulated_device,
 )
-from yolo_ckpt.measure import planned_copy, step_bytes
+from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_bytes
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
 
@@ -129,9 +129,43 @@ def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
     assert all(t.candidate.units for t in choice.tried)  # vanilla was never measured
     assert choice.candidate.units and choice.measured_bytes <= share
     assert outside.peak <= share  # probes that did not fit stopped before the share
-    with planned_copy(model, choice.candidate.settings["checkpoint_stages"], choice.candidate.mode,
-                      choice.candidate.settings["checkpoint_layers"] or None) as m:
+    with planned_copy(model, *choice.candidate.spec) as m:  # as its settings install it
         assert step_bytes(m, IMGSZ, batch) == choice.measured_bytes  # the measurement is a plain, unguarded step
+
+
+def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch):
+    """Planning times each unit's batch-1 step on the device: on a device that holds them, every unit is timed and
+    the whole measurement, the model included, stays on the device; on one too small for vanilla's batch-1 step, no
+    step is ever timed and nothing passes the device."""
+    import yolo_ckpt.planner as planner
+
+    model = small_model()
+    timed = []
+
+    def counted(models, batch, repeats, amp=None):
+        timed.append(batch["img"].shape)
+        return time_steps(models, batch, repeats, amp)
+
+    time_steps = planner.time_steps
+    monkeypatch.setattr(planner, "time_steps", counted)
+    with planned_copy(model, ()) as m:
+        one = step_bytes(m, IMGSZ, 1)  # vanilla's batch-1 step, as planning counts it
+    state = [*model.parameters(), *model.buffers()]
+    with LiveTensorTracker() as outside, SimulatedDevice(3 * one) as gpu:
+        gpu.track(state)
+        costs = unit_costs(model, IMGSZ)
+    assert outside.peak <= gpu.limit and len(timed) == 1 + len(costs.unit)  # vanilla, each unit in each mode
+    assert costs.plain.seconds > 0 and all(p.seconds > 0 for p in costs.unit.values())
+    timed.clear()
+    big = 2 * IMGSZ  # at 128 px the step is no larger than the stride dry run (no grad, 256 px): a size above it
+    with planned_copy(model, ()) as m:
+        one = step_bytes(m, big, 1)
+    small = 2 * weight_bytes(model) + (one - state_bytes(model)) // 3  # the model and a copy, not the step
+    with LiveTensorTracker() as outside, SimulatedDevice(small) as gpu:
+        gpu.track(state)
+        with pytest.raises(ValueError, match=f"a training step at batch 1, imgsz {big} does not fit the device"):
+            unit_costs(model, big)
+    assert not timed and outside.peak <= gpu.limit
 
 
 # ------------------------------------------------------------------------ training on a simulated device
@@ -181,7 +215,8 @@ def test_auto_at_a_fixed_batch_plans_and_trains_within_the_device_share(detect_d
     assert r.trainer.memory_target == share and r.batch == r.trainer.batch_size == RUN["batch"]
     assert 0 < r.planning <= share and 0 < r.epoch <= share
     chosen = yaml.safe_load((Path(r.trainer.save_dir) / "args.yaml").read_text())
-    assert chosen["checkpoint_stages"] not in ("auto", []) and not r.escalated
+    assert chosen["checkpoint_stages"] != "auto" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
+    assert not r.escalated
 
 
 @pytest.mark.parametrize("stages, fraction", [([2, 3], 0.5), ("auto", -1)])

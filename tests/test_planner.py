@@ -1,5 +1,6 @@
 """checkpoint_stages=auto against exhaustive measurement: every candidate plan's step measured, FLOPs counted."""
 
+import dataclasses
 import re
 from copy import deepcopy
 from pathlib import Path
@@ -15,11 +16,21 @@ from ultralytics.utils.patches import torch_load
 from yolo_ckpt.autobatch import plan_batch
 from yolo_ckpt.measure import measure_peak, step_bytes, step_loss, training_batch, with_plan
 from yolo_ckpt.model import disable_checkpointing
-from yolo_ckpt.planner import NothingFits, candidates, choose_plan, choose_plan_and_batch, unit_costs
+from yolo_ckpt.planner import (
+    HEAD,
+    NESTED,
+    Candidate,
+    NothingFits,
+    candidates,
+    choose_plan,
+    choose_plan_and_batch,
+    space_size,
+    unit_costs,
+)
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.trainer import auto_report, check_settings, saved_settings
 
-from support import SMALL, assert_same_training, auto_budget, train_pair
+from support import MINI, SMALL, assert_same_training, auto_budget, train_pair
 
 IMGSZ, BATCH = 128, 2
 
@@ -31,48 +42,67 @@ def small():
     return model
 
 
-@pytest.fixture(scope="module")
-def exhaustive(small):
-    """Every candidate measured independently: step bytes as planning counts them, and FLOPs counted."""
-    costs = unit_costs(small, IMGSZ)
-    data = training_batch(small, IMGSZ, BATCH)
-    fixed = step_bytes(small, IMGSZ, BATCH) - measure_peak(small, data).peak  # model state and the batch
+def measure_every_plan(model, costs) -> tuple:
+    """Every candidate of ``costs`` measured independently: step bytes as planning counts them, and FLOPs counted;
+    with what no plan changes (model state and the batch) and the vanilla step's peak."""
+    data = training_batch(model, IMGSZ, BATCH)
+    fixed = step_bytes(model, IMGSZ, BATCH) - measure_peak(model, data).peak  # model state and the batch
     rows = []
     for c in candidates(costs, BATCH, 0):
         s = c.settings
-        m = with_plan(small, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
+        m = with_plan(model, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
         with FlopCounterMode(display=False) as counter:
             step_loss(m, data).backward()
         rows.append((c, step_bytes(m, IMGSZ, BATCH), counter.get_total_flops()))
         disable_checkpointing(m)
-    return costs, fixed, measure_peak(small, data).peak, rows
+    return costs, fixed, measure_peak(model, data).peak, rows
 
 
+@pytest.fixture(scope="module")
+def exhaustive(small):
+    """The plans of one mode for all units (62 on this model: every unit in every mode would be 767) measured."""
+    return measure_every_plan(small, dataclasses.replace(unit_costs(small, IMGSZ), mixed=False))
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """Every plan of a model of three units, each unit in its own mode (nested too), measured: 47 plans."""
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    costs = unit_costs(model, IMGSZ)
+    assert costs.mixed and space_size(costs) == 3 * 4 * 4 - 1  # stage 1 is one Conv: nothing to nest
+    return model, measure_every_plan(model, costs)
+
+
+@pytest.mark.parametrize("space", ["one mode", "per unit"])
 @pytest.mark.parametrize("share", [0.5, 0.6, 0.7, 0.8, 0.9])
-def test_auto_fits_and_is_the_cheapest_fitting_plan(small, exhaustive, share):
-    costs, fixed, peak, rows = exhaustive
+def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, share, space):
+    """Of the plans whose independently measured step fits, the choice is the one with the least predicted step
+    time (the FLOPs it reports are the counted ones); its step at the run's batch was timed. In one mode for all
+    units (62 plans), and with each unit in its own mode, nested included (47 plans of a smaller model)."""
+    small, (costs, fixed, peak, rows) = (small, exhaustive) if space == "one mode" else mixed
     target = fixed + int(share * peak)  # share of the vanilla step's peak, on top of what no plan changes
     fitting = [(c, nbytes, flops) for c, nbytes, flops in rows if nbytes <= target]
     assert fitting, "the budgets are chosen so that some plan fits"
     choice = choose_plan(small, IMGSZ, BATCH, target, costs=costs)
-    measured = {(c.units, c.mode): (nbytes, flops) for c, nbytes, flops in rows}
-    nbytes, flops = measured[(choice.candidate.units, choice.candidate.mode)]
+    measured = {(c.units, c.modes): (nbytes, flops) for c, nbytes, flops in rows}
+    nbytes, flops = measured[(choice.candidate.units, choice.candidate.modes)]
     assert choice.measured_bytes == nbytes <= target
-    assert flops <= 1.01 * min(f for _, _, f in fitting)
-    assert choice.plan.regions and len(choice.tried) <= 15
+    assert choice.candidate.seconds == min(c.seconds for c, _, _ in fitting)
+    assert abs(choice.candidate.flops - (flops - BATCH * costs.plain.flops)) <= 0.01 * flops  # FLOPs, a column
+    assert choice.measured_seconds > 0 and choice.plan.regions and len(choice.tried) <= 15
 
 
 def test_measurements_shared_across_growing_targets_choose_as_fresh_ones(small, exhaustive):
     """``measured`` shared from the smallest target up: a plan that did not fit a smaller target is measured again
-    for a larger one, so every choice is the cheapest plan measured to fit, as with nothing shared."""
+    for a larger one, so every choice is the fastest plan measured to fit, as with nothing shared."""
     costs, fixed, peak, rows = exhaustive
     shared = {}
     for share in (0.5, 0.7, 0.9):
         target = fixed + int(share * peak)
-        cheapest = min(f for _, nbytes, f in rows if nbytes <= target)
+        fastest = min(c.seconds for c, nbytes, _ in rows if nbytes <= target)
         choice = choose_plan(small, IMGSZ, BATCH, target, costs=costs, measured=shared)
-        flops = {(c.units, c.mode): f for c, _, f in rows}[(choice.candidate.units, choice.candidate.mode)]
-        assert choice.measured_bytes <= target and flops <= 1.01 * cheapest, share
+        assert choice.measured_bytes <= target and choice.candidate.seconds == fastest, share
 
 
 def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive):
@@ -83,8 +113,11 @@ def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive):
     assert len(lines) == 1 and lines[0].startswith(f"auto: vanilla fits at batch {BATCH} (measured ")
     tight = choose_plan(small, IMGSZ, BATCH, fixed + int(0.6 * peak), costs=costs)
     lines = auto_report(tight, tight.candidate.mode)
-    assert lines[0].split() == ["plan", "FLOPs", "predicted", "GB", "measured", "GB"]
+    assert lines[0].split() == ["plan", "FLOPs", "predicted", "s", "measured", "s", "predicted", "GB", "measured", "GB"]
     assert len(lines) >= 3 and sum("<- chosen" in line for line in lines) == 1 and lines[-1].startswith("auto chose")
+    chosen = next(line for line in lines if "<- chosen" in line).split()
+    assert float(chosen[-6]) == round(tight.candidate.seconds, 3) and float(chosen[-5]) > 0  # predicted, measured
+    assert f"measured {tight.measured_seconds:.3f} s" in lines[-1]
 
 
 def test_nothing_fits_says_what_would(small, exhaustive):
@@ -178,3 +211,33 @@ def test_auto_with_autobatch_caps_at_the_training_images(detect_data, tmp_path):
     small = DetectionModel(deepcopy(SMALL), verbose=False).train()
     small.args = get_cfg()
     assert choose(small, 64, 8 * 2**30, 0.6, max_batch=16).batch == 16  # the planner itself stops at the cap
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_space_too_large_to_list_keeps_the_fastest_plan_for_every_target(small, exhaustive, mixed):
+    """With the space cut to the plans no other beats (as planning does past ``MAX_SPACE``), every target's fastest
+    plan predicted to fit is the one the whole list has; per-unit modes (predictions only) make the list 767 plans
+    long, the cut one much shorter."""
+    costs = dataclasses.replace(exhaustive[0], mixed=mixed)
+    every, cut = candidates(costs, BATCH, 0), candidates(costs, BATCH, 0, max_space=0)
+    assert len(every) == space_size(costs) == (3 * 4**4 - 1 if mixed else 2 * (2**5 - 1))  # stage 1: no nesting
+    assert set(cut) <= set(every) and len(cut) < len(every) / (2 if mixed else 1)
+    sizes = sorted({c.predicted_bytes for c in every})
+    for target in sizes[:: max(len(sizes) // 40, 1)]:
+        best = min((c for c in every if c.predicted_bytes <= target), key=lambda c: (c.seconds, c.flops))
+        got = min((c for c in cut if c.predicted_bytes <= target), key=lambda c: (c.seconds, c.flops))
+        assert (got.seconds, got.flops) == (best.seconds, best.flops), target
+
+
+def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_data, tmp_path):
+    """The settings auto writes for a plan whose units differ in mode — selective, full, nested (parts recomputed
+    inside their stage and inside the head) — train bit for bit like vanilla, every region recomputed."""
+    costs = exhaustive[0]
+    c = Candidate((1, 2, 3, HEAD), ("selective", "full", NESTED, NESTED), 0, 0, costs.head, layout=costs.layout)
+    s = c.settings
+    assert s["checkpoint_stages"] == [] and "0:selective" in s["checkpoint_layers"] and "4.*" in s["checkpoint_layers"]
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    vanilla, ckpt = train_pair(str(cfg), [], detect_data, tmp_path, layers=s["checkpoint_layers"], epochs=1,
+                               imgsz=160)
+    assert_same_training(str(cfg), [], vanilla, ckpt, layers=s["checkpoint_layers"])

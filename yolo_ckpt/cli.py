@@ -53,8 +53,8 @@ DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch y
 
 KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yaml
     "checkpoint_stages": ("backbone stage numbers (stage k: output stride 2^k; yolo11n has 1-5) as a list, one stage, "
-                          "'all', 'auto' (the plan with the least recompute that fits; needs memory_budget or CUDA), "
-                          "or [] for off", "checkpoint_stages=[2,3]"),
+                          "'all', 'auto' (the plan with the least predicted step time that fits; needs memory_budget "
+                          "or CUDA), or [] for off", "checkpoint_stages=[2,3]"),
     "checkpoint_layers": ("'head' (every layer after the backbone that stores activations), layer indices and "
                           "[first, last] ranges (one region each), parts of a layer ('2.cv1', a run '2.m.0-cv2', each "
                           "part '23.*'; nested inside other regions), any string item with ':full' or ':selective', "

@@ -1,16 +1,25 @@
-"""``checkpoint_stages=auto``: the plan with the least recompute whose measured training step fits a memory target.
+"""``checkpoint_stages=auto``: the plan with the least predicted step time whose measured training step fits a memory
+target.
 
-A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``) — recomputed
-``full`` or ``selective``. Each unit is measured once, alone, in a training step at batch 1 on a copy of the model:
-the bytes it stops keeping for backward, the peak of the step's backward from the moment it reaches the unit, and the
-FLOPs its recompute adds. A plan's FLOPs are the sum of its units'; its peak is predicted as the largest of the
-vanilla forward and backward peaks less every unit's saving, and of each unit's backward window less the savings of
-the units before it (only those still hold their tensors then) — within about 10% of the measured step. Candidates
-are tried cheapest first: each predicted to fit is measured (a real step at the run's batch and imgsz, on a copy) and
-the first that fits is the choice, so the choice always rests on a measurement and the training model never runs.
+A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``) — each recomputed
+in its own mode: ``full``, ``selective``, or ``nested`` (full, with each part of its block layers — C3k2's ``cv1``,
+``m.0``, ``cv2``; Detect's branches — a region of its own inside, recomputed again during the unit's recompute, which
+then holds one part's activations instead of the layer's: Chen's recursive scheme). Where the model's plans take no
+mode per region (``per_region_modes``), one of ``full``/``selective`` for all units. Each unit is measured once per
+mode, alone, in a training step at batch 1 on a copy of the model: the bytes it stops keeping for backward, the peak
+of the step's backward from the moment it reaches the unit, the FLOPs its recompute adds, and — once that bounded step
+fit — its time on the run's device (a few timed steps of the same copy and batch), whose excess over the vanilla
+step's is the unit's recompute time. FLOPs do not see what recompute costs on hardware (BatchNorm and SiLU recompute
+is memory-bound: ``all selective`` is 1.006x the FLOPs but 1.17x the CPU step time of yolo11n at 640), times do. A
+plan's FLOPs and recompute time are the sums of its units'; its peak is predicted as the largest of the vanilla
+forward and backward peaks less every unit's saving, and of each unit's backward window less the savings of the units
+before it (only those still hold their tensors then) — within about 10% of the measured step. Candidates are tried
+least predicted step time first: those predicted to fit until one is measured to (a real step at the run's batch and
+imgsz, on a copy), then those predicted just over but faster, so the choice always rests on a measurement and the
+training model never runs; the choice's step is then timed at the run's batch.
 
 With AutoBatch (``batch=-1`` or a fraction) the plan measured to keep the least (among those predicted to) sets the
-largest batch (``plan_batch``), and the cheapest plan that fits at that batch is chosen.
+largest batch (``plan_batch``), and the fastest plan that fits at that batch is chosen.
 
 Memory is counted as ``plan_batch`` counts it: model state, the batch on the device and the exact step peak.
 
@@ -29,11 +38,14 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import itertools
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -48,14 +60,20 @@ from .measure import (
     probe_step,
     state_bytes,
     step_loss,
+    time_steps,
     training_batch,
 )
 from .recompute import MODES
-from .stages import CheckpointPlan, model_stages
+from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages
 
 HEAD = "head"  # the unit of every layer after the backbone that stores activations (``checkpoint_layers=head``)
 MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
+MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
+NESTED = "nested"  # a unit recomputed full, each part of its block layers a region of its own inside (Chen)
+UNIT_MODES = (*MODES, NESTED)  # what planning may give a unit where the model's plans take per-region modes
+MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
+TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
 
 
 class NothingFits(ValueError):
@@ -66,47 +84,112 @@ class NothingFits(ValueError):
         self.needed = needed
 
 
+class Layout(NamedTuple):
+    """Where a unit sits in the model, for settings that name its regions one by one.
+
+    Attributes:
+        unit (Any): A stage number or ``"head"``.
+        ranges (tuple): Its layer regions as ``(first, last)`` pairs.
+        nests (tuple): Its block layers, whose parts (``stages.model_parts``) are blocks of their own (``_layout``):
+            ``nested`` recomputes each part of them as a region of its own inside the unit's regions.
+    """
+
+    unit: Any
+    ranges: tuple
+    nests: tuple = ()
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One plan: units recomputed in one mode, with its recompute FLOPs and predicted bytes at the run's batch.
+    """One plan: units, each recomputed in its own mode, with its recompute FLOPs, predicted bytes and predicted step
+    time at the run's batch.
 
     Attributes:
         units (tuple): Stage numbers, and ``"head"`` last if the head is recomputed; ``()`` is vanilla.
-        mode (str): ``full`` or ``selective``.
+        modes (tuple): Each unit's mode (one of ``UNIT_MODES``), in the order of ``units``; a single mode given as a
+            string applies to every unit.
         flops (int): Convolution/matmul FLOPs the recompute adds to a step at the run's batch.
         predicted_bytes (int): Vanilla step bytes at the run's batch minus the units' measured savings.
         head (tuple): The head's layer regions as ``[first, last]`` ranges, resolved once per model (``Costs.head``):
             ``checkpoint_layers=head`` finds them with a training-mode dry run, which planning copies need not repeat.
+        seconds (float): Predicted step time at the run's batch (``Costs.predict_seconds``).
+        layout (tuple | None): ``Layout`` of every unit of the model (``Costs.layout``): where the settings of a plan
+            with per-unit modes cut its regions.
     """
 
     units: tuple
-    mode: str
+    modes: tuple | str
     flops: int
     predicted_bytes: int
     head: tuple | None = None
+    seconds: float = 0.0
+    layout: tuple | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.modes, str):  # one mode for every unit
+            object.__setattr__(self, "modes", (self.modes,) * len(self.units))
+
+    @property
+    def mode(self) -> str:
+        """The plan's one mode (``full`` for vanilla), or ``MIXED`` when its units differ."""
+        return self.modes[0] if len(set(self.modes)) == 1 else MIXED if self.modes else "full"
+
+    def unit_mode(self, unit: Any) -> str:
+        """The mode ``unit`` is recomputed in."""
+        return self.modes[self.units.index(unit)]
 
     @property
     def settings(self) -> dict:
-        """The training arguments of this plan."""
-        stages = [u for u in self.units if u != HEAD]
-        return {"checkpoint_stages": stages, "checkpoint_layers": HEAD if HEAD in self.units else [],
-                "checkpoint_mode": self.mode}
+        """The training arguments of this plan.
+
+        One mode of ``MODES``: those keys as a user writes them (``checkpoint_stages``, ``checkpoint_layers=head``,
+        ``checkpoint_mode``). Otherwise every region in ``checkpoint_layers``: each unit's layer ranges with its mode
+        as a suffix where it is not ``full`` (``"0-2:selective"``), and for a ``nested`` unit each part of its layers
+        with parts (``"2.*"``), recomputed inside them (``per_region_modes``: only such models get these plans).
+        """
+        if self.mode in MODES:
+            stages = [u for u in self.units if u != HEAD]
+            return {"checkpoint_stages": stages, "checkpoint_layers": HEAD if HEAD in self.units else [],
+                    "checkpoint_mode": self.mode}
+        return {"checkpoint_stages": [], "checkpoint_layers": self._items(), "checkpoint_mode": "full"}
+
+    def _items(self) -> list[str]:
+        """Every unit's regions as ``checkpoint_layers`` strings, in layer order."""
+        if self.layout is None:
+            raise ValueError("a plan of per-unit modes needs the units' layout (Costs.layout)")
+        where = {w.unit: w for w in self.layout}
+        items = []
+        for u, m in zip(self.units, self.modes):
+            suffix = "" if m in ("full", NESTED) else f":{m}"
+            items += [(a, 0, f"{a}{'' if a == b else f'-{b}'}{suffix}") for a, b in where[u].ranges]
+            items += [(i, 1, f"{i}.*") for i in where[u].nests] if m == NESTED else []
+        return [item for *_, item in sorted(items)]
+
+    @property
+    def spec(self) -> tuple:
+        """``(checkpoint_stages, checkpoint_mode, checkpoint_layers)`` as ``planned_copy`` installs it: the head's
+        resolved ranges where known."""
+        s = self.settings
+        if self.mode not in MODES:
+            return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"]
+        if HEAD not in self.units:
+            return s["checkpoint_stages"], s["checkpoint_mode"], None
+        head = [list(r) for r in self.head] if self.head is not None else HEAD
+        return s["checkpoint_stages"], s["checkpoint_mode"], head
 
     @property
     def layers(self) -> Any:
-        """``checkpoint_layers`` as planning installs it: the head's resolved ranges where known."""
-        if HEAD not in self.units:
-            return None
-        return [list(r) for r in self.head] if self.head is not None else HEAD
+        """``checkpoint_layers`` as planning installs it (``spec``)."""
+        return self.spec[2]
 
     def plan(self, model: nn.Module) -> CheckpointPlan:
         """The ``CheckpointPlan`` of this candidate on ``model``."""
-        return CheckpointPlan.from_spec(model, self.settings["checkpoint_stages"], self.layers)
+        return CheckpointPlan.from_spec(model, self.spec[0], self.spec[2])
 
     @contextmanager
     def copy(self, model: nn.Module) -> Iterator[nn.Module]:
         """A copy of ``model`` with this plan installed, for the block (``measure.planned_copy``)."""
-        with planned_copy(model, self.settings["checkpoint_stages"], self.mode, self.layers) as m:
+        with planned_copy(model, *self.spec) as m:
             yield m
 
 
@@ -133,6 +216,8 @@ class Choice:
         alternatives (list[Candidate]): The next cheapest candidates predicted to fit, for the trade-off table.
         costs (Costs | None): The unit costs the choice rests on (escalation reuses them).
         extrapolated (bool): The device is smaller than the target: steps were extrapolated from batches it holds.
+        measured_seconds (float | None): The chosen plan's step time at ``batch``, timed once its step was measured
+            to fit (``None`` when extrapolated: the device does not hold that batch).
     """
 
     candidate: Candidate
@@ -145,33 +230,44 @@ class Choice:
     alternatives: list = field(default_factory=list)
     costs: Costs | None = None
     extrapolated: bool = False
+    measured_seconds: float | None = None
 
     def table(self) -> list[str]:
-        """Trade-off lines for the log: each measured candidate and the next alternatives; none when vanilla fit
-        (nothing was traded)."""
+        """Trade-off lines for the log: each measured candidate and the next alternatives, step time (predicted,
+        and measured for the choice) next to memory (predicted, measured) and FLOPs; none when vanilla fit (nothing
+        was traded)."""
         if not self.candidate.units:
             return []
-        rows = [f"{'plan':<40}{'FLOPs':>8}{'predicted GB':>14}{'measured GB':>13}"]
+        rows = [f"{'plan':<48}{'FLOPs':>8}{'predicted s':>13}{'measured s':>12}{'predicted GB':>14}{'measured GB':>13}"]
         seen = set()
         for t in [*self.tried, *(Tried(a, None) for a in self.alternatives)]:
             c = t.candidate
-            if (c.units, c.mode) in seen:
+            if (c.units, c.modes) in seen:
                 continue
-            seen.add((c.units, c.mode))
+            seen.add((c.units, c.modes))
             mark = " <- chosen" if c == self.candidate else ""
             measured = self.measured_bytes if mark else t.measured
             tried = any(x.candidate == c for x in self.tried)
             shown = f"{measured / 2**30:.3f}" if measured is not None else "over" if tried else "-"
-            rows.append(f"{describe(c):<40}{1 + c.flops / self.base_flops:>7.3f}x{c.predicted_bytes / 2**30:>14.3f}"
-                        f"{shown:>13}{mark}")
+            timed = f"{self.measured_seconds:.3f}" if mark and self.measured_seconds is not None else "-"
+            rows.append(f"{describe(c):<48}{1 + c.flops / self.base_flops:>7.3f}x{c.seconds:>13.3f}{timed:>12}"
+                        f"{c.predicted_bytes / 2**30:>14.3f}{shown:>13}{mark}")
         return rows
 
 
 def describe(c: Candidate) -> str:
-    """``stages [1, 2] + head selective``, or ``none``."""
-    stages = [u for u in c.units if u != HEAD]
-    parts = ([f"stages {stages}"] if stages else []) + (["head"] if HEAD in c.units else [])
-    return " + ".join(parts) + (f" {c.mode}" if c.mode == "selective" else "") if parts else "none"
+    """``stages [1, 2] + head selective``, ``stages [2, 3] full; stages [1] + head selective`` (per-unit modes),
+    ``stages [2] nested`` (parts recomputed inside), or ``none``."""
+    if c.mode != MIXED:
+        return _describe_units(c.units, c.mode)
+    return "; ".join(f"{_describe_units(us, m)}{' full' if m == 'full' else ''}"
+                     for m in UNIT_MODES if (us := tuple(u for u in c.units if c.unit_mode(u) == m)))
+
+
+def _describe_units(units: tuple, mode: str) -> str:
+    stages = [u for u in units if u != HEAD]
+    parts = ([f"stages {stages}"] if stages else []) + (["head"] if HEAD in units else [])
+    return " + ".join(parts) + (f" {mode}" if mode != "full" else "") if parts else "none"
 
 
 @dataclass(frozen=True)
@@ -185,6 +281,8 @@ class Phases:
         window (int): Peak from the moment backward reaches the unit's last layer to its end (the whole backward for
             the head and for vanilla).
         flops (int): Convolution/matmul FLOPs of the step, recompute included.
+        seconds (float): Median wall-clock time of the step on the run's device (``TIMED_STEPS``), timed only once
+            the bounded step fit.
     """
 
     kept: int
@@ -192,6 +290,7 @@ class Phases:
     backward: int
     window: int
     flops: int
+    seconds: float = 0.0
 
 
 def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | None, limit: int | None) -> Phases:
@@ -233,6 +332,9 @@ class Costs:
         unit (dict): ``(unit, mode) -> Phases`` with only that unit recomputed.
         grads (int): Bytes of the parameter gradients, which backward peaks hold at most and which no batch scales.
         head (tuple | None): The head's regions as ``(first, last)`` ranges (``Candidate.head``).
+        layout (tuple | None): Each unit's ``Layout`` (``Candidate.layout``).
+        mixed (bool): The model's plans take a mode per region (``per_region_modes``): candidates may then recompute
+            each unit in its own mode, ``nested`` included where the unit has layers with parts.
     """
 
     units: list
@@ -240,16 +342,24 @@ class Costs:
     unit: dict
     grads: int = 0
     head: tuple | None = None
+    layout: tuple | None = None
+    mixed: bool = False
 
-    def predict(self, units: tuple, mode: str, batch: int) -> tuple[int, int]:
-        """Predicted (step peak bytes, extra FLOPs) of recomputing ``units`` in ``mode`` at ``batch``.
+    def modes_of(self, unit: Any) -> tuple[str, ...]:
+        """The modes ``unit`` was measured in (``nested`` only where it has block layers)."""
+        return tuple(m for m in UNIT_MODES if (unit, m) in self.unit)
+
+    def predict(self, units: tuple, modes: tuple | str, batch: int) -> tuple[int, int]:
+        """Predicted (step peak bytes, extra FLOPs) of recomputing ``units`` in ``modes`` (one per unit, or one
+        for all) at ``batch``.
 
         The forward peak falls by every unit's saving; a unit's backward runs while only the units before it still
         hold their kept tensors, so its backward peak falls by their savings alone; FLOPs add up. Activations scale
         with the batch, parameter gradients do not: at small images they are much of a batch-1 backward peak.
         """
         p = self.plain
-        less = {u: p.kept - self.unit[(u, mode)].kept for u in units}
+        phases = self._phases(units, modes)
+        less = {u: p.kept - phases[u].kept for u in units}
 
         def backward(peak: int) -> int:
             return batch * max(peak - self.grads, 0) + self.grads
@@ -257,26 +367,55 @@ class Costs:
         peaks = [batch * (p.forward - sum(less.values())), backward(p.backward - sum(less.values()))]
         for u in units:  # from u's backward on, only the units before it still hold what they keep
             before = sum(less[v] for v in units if self.units.index(v) < self.units.index(u))
-            peaks.append(backward(self.unit[(u, mode)].window - before))
-        extra = sum(self.unit[(u, mode)].flops - p.flops for u in units)
+            peaks.append(backward(phases[u].window - before))
+        extra = sum(phases[u].flops - p.flops for u in units)
         return max(peaks), batch * extra
+
+    def predict_seconds(self, units: tuple, modes: tuple | str, batch: int) -> float:
+        """Predicted step time at ``batch``: the vanilla step's at batch 1 plus each unit's recompute time (its
+        batch-1 step's less vanilla's, never below zero: timing noise must not make recompute look free), scaled
+        with the batch as activations are."""
+        phases = self._phases(units, modes)
+        return batch * (self.plain.seconds + sum(max(phases[u].seconds - self.plain.seconds, 0.0) for u in units))
+
+    def _phases(self, units: tuple, modes: tuple | str) -> dict:
+        modes = (modes,) * len(units) if isinstance(modes, str) else modes
+        return {u: self.unit[(u, m)] for u, m in zip(units, modes)}
 
 
 def _unit_phases(model: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torch.dtype | None,
                  last: int | None) -> Phases | None:
     """``Phases`` of ``c``'s step at batch 1 on a copy within what the device has free, ``None`` when it does not
-    fit. A function of its own so that the copy is gone when it returns, before the next one is made (a ``with``
-    in a loop keeps the last copy bound to its name until then)."""
+    fit; then, only when it fit, its step timed on the same copy and batch (the same step, so the memory it needs is
+    what was just measured within the bound). A function of its own so that the copy is gone when it returns, before
+    the next one is made (a ``with`` in a loop keeps the last copy bound to its name until then)."""
     with c.copy(model) as m:
         room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
         data = training_batch(m, imgsz, 1, objects)
         limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
-        return unless_oom(lambda: _phases(m, data, amp, last, limit), next(model.parameters()).device)
+        device = next(model.parameters()).device
+        phases = unless_oom(lambda: _phases(m, data, amp, last, limit), device)
+        if phases is None:
+            return None
+        # the same step again; still bounded by the device: a CUDA allocator may need more than the exact bytes
+        seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], device)
+        return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
+
+
+def per_region_modes(model: nn.Module) -> bool:
+    """Whether ``checkpoint_layers`` on this model takes a mode per region (``"0:selective"``); the grammar of
+    regions inside layers brings it."""
+    try:
+        CheckpointPlan.from_spec(model, [], ["0:selective"])
+    except (CheckpointConfigError, TypeError, ValueError):
+        return False
+    return True
 
 
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
-    """Measure the plain step and each unit alone, in each mode, at batch 1 (on copies of the model), each within what
-    the device has free.
+    """Measure the plain step and each unit alone, in each mode (``nested`` too where the model's plans take modes
+    per region and the unit has block layers), at batch 1 (on copies of the model), each within what the device has
+    free, and time each such step that fit.
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
@@ -284,9 +423,12 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     stages = model_stages(model)
     units = [*sorted(stages), HEAD]
     head = tuple((r[0], r[-1]) for r in CheckpointPlan.from_spec(model, [], HEAD).layer_regions)
+    mixed = per_region_modes(model)
+    layout = _layout(model, stages, head, mixed)
+    nests = {w.unit: w.nests for w in layout}
     costs = {}
-    for unit, mode in [(None, "full"), *itertools.product(units, MODES)]:
-        c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head)
+    for unit, mode in [(None, "full"), *((u, m) for u in units for m in UNIT_MODES if m in MODES or nests[u])]:
+        c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout)
         last = stages[unit][-1] if isinstance(unit, int) else None  # the head: its backward starts the step's
         if (phases := _unit_phases(model, c, imgsz, objects, amp, last)) is not None:
             costs[(unit, mode)] = phases
@@ -295,19 +437,122 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
                              f"the device")
     units = [u for u in units if all((u, mode) in costs for mode in MODES)]
     plain = costs.pop((None, "full"))
-    return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head)
+    return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head, layout,
+                 mixed)
 
 
-def candidates(costs: Costs, batch: int, fixed: int) -> list[Candidate]:
-    """Every set of units in every mode, cheapest recompute first (then least predicted memory); ``fixed`` is what
-    no plan changes (model state, the batch on the device)."""
-    out = []
+def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[Layout, ...]:
+    """Each unit's ``Layout``. Its layers nested (``Layout.nests``, only where plans take modes per region) are
+    those whose parts are blocks of their own (a part with modules inside: C3k2's ``cv1``/``m.0``/``cv2``, Detect's
+    branches), not a ``Conv``'s convolution and BatchNorm, which recomputed apart keep nothing less."""
+    parts = model_parts(model) if mixed else {}
+
+    def composite(i: int) -> bool:
+        return any(next(model.model[i].get_submodule(p).children(), None) is not None
+                   for p in parts.get(i, {}).get("", ()))
+
+    def nests(ranges: tuple) -> tuple[int, ...]:
+        return tuple(i for a, b in ranges for i in range(a, b + 1) if composite(i))
+
+    spans = [(k, ((layers[0], layers[-1]),)) for k, layers in sorted(stages.items())] + [(HEAD, head)]
+    return tuple(Layout(u, ranges, nests(ranges)) for u, ranges in spans)
+
+
+def _mode_choices(costs: Costs, units: tuple) -> Iterator[tuple]:
+    """The modes ``units`` may take together: each its own where the model's plans take per-region modes, else one
+    of ``MODES`` for all."""
+    if costs.mixed:
+        return itertools.product(*(costs.modes_of(u) for u in units))
+    return ((m,) * len(units) for m in MODES)
+
+
+def space_size(costs: Costs) -> int:
+    """How many candidate plans ``costs``' units make: each unit off or in one of its modes (with per-unit modes),
+    else every set of units in each of ``MODES``."""
+    if costs.mixed:
+        return math.prod(1 + len(costs.modes_of(u)) for u in costs.units) - 1
+    return len(MODES) * (2 ** len(costs.units) - 1)
+
+
+def _every_plan(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
+    """``(units, modes)`` of every candidate plan."""
     for n in range(1, len(costs.units) + 1):
         for subset in itertools.combinations(costs.units, n):
-            for mode in MODES:
-                peak, flops = costs.predict(subset, mode, batch)
-                out.append(Candidate(subset, mode, flops, fixed + peak, costs.head))
-    return sorted(out, key=lambda c: (c.flops, c.predicted_bytes))
+            for modes in _mode_choices(costs, subset):
+                yield subset, modes
+
+
+class _Partial(NamedTuple):
+    """Units decided so far (in ``costs.units`` order) and what ``Costs.predict`` adds up over them at batch 1."""
+
+    units: tuple
+    modes: tuple
+    saved: int  # bytes no longer kept: what the forward and the units after these no longer hold
+    seconds: float  # recompute time
+    flops: int  # recompute FLOPs
+    window: int  # the largest backward window of these units less the savings before each
+
+
+def _undominated(plans: list[_Partial]) -> list[_Partial]:
+    """The plans no other beats — one with less time (or as much and fewer FLOPs), as much saving and no larger
+    window — at most ``MAX_SPACE`` of them, fastest first. Taken in that order, only earlier plans can beat a plan,
+    and of those only the staircase of (saving, window) matters: along it the window grows with the saving, so the
+    first step saving at least as much has the least window of all that do."""
+    kept: list[_Partial] = []
+    saved: list[int] = []  # the staircase: savings ascending, windows ascending with them
+    windows: list[int] = []
+    for q in sorted(plans, key=lambda q: (q.seconds, q.flops, -q.saved, q.window)):
+        at = bisect.bisect_left(saved, q.saved)
+        if at < len(saved) and windows[at] <= q.window:
+            continue
+        kept.append(q)
+        start = at
+        while start and windows[start - 1] >= q.window:  # steps q beats: no more saving, no less window
+            start -= 1
+        saved[start:at] = [q.saved]
+        windows[start:at] = [q.window]
+        if len(kept) == MAX_SPACE:
+            break
+    return kept
+
+
+def _front_plans(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
+    """``(units, modes)`` of the plans that some target makes worth measuring, unit by unit (a plan's predicted
+    peak falls with its saving and rises with its worst backward window; time and FLOPs add up): a prefix another
+    prefix beats in all four can only lead to plans beaten the same way, so it is dropped. This keeps planning
+    bounded where per-unit modes make the space exponential (``space_size``)."""
+    p = costs.plain
+    for only in [None] if costs.mixed else MODES:  # one mode for all: a front per mode
+        plans = [_Partial((), (), 0, 0.0, 0, -(2**62))]
+        for u in costs.units:
+            grown = list(plans)
+            for q in plans:
+                for m in costs.modes_of(u) if only is None else (only,):
+                    ph = costs.unit[(u, m)]
+                    grown.append(_Partial((*q.units, u), (*q.modes, m), q.saved + p.kept - ph.kept,
+                                          q.seconds + max(ph.seconds - p.seconds, 0.0), q.flops + ph.flops - p.flops,
+                                          max(q.window, ph.window - q.saved)))
+            plans = _undominated(grown)
+        yield from ((q.units, q.modes) for q in plans if q.units)
+
+
+def candidate(costs: Costs, units: tuple, modes: tuple | str, batch: int, fixed: int) -> Candidate:
+    """``units`` in ``modes`` as a candidate at ``batch``, its bytes, FLOPs and step time predicted; ``fixed`` is what
+    no plan changes (model state, the batch on the device)."""
+    peak, flops = costs.predict(units, modes, batch)
+    return Candidate(units, modes, flops, fixed + peak, costs.head, costs.predict_seconds(units, modes, batch),
+                     costs.layout)
+
+
+def candidates(costs: Costs, batch: int, fixed: int, max_space: int | None = None) -> list[Candidate]:
+    """Every set of units, each in every mode it may take (``_mode_choices``) — or, when that space holds more than
+    ``max_space`` plans (``MAX_SPACE``), only the plans no other beats (``_front_plans``) — least predicted step time
+    first (then least recompute FLOPs, least predicted memory); ``fixed`` is what no plan changes (model state, the
+    batch on the device)."""
+    every = space_size(costs) <= (MAX_SPACE if max_space is None else max_space)
+    out = [candidate(costs, units, modes, batch, fixed)
+           for units, modes in (_every_plan(costs) if every else _front_plans(costs))]
+    return sorted(out, key=lambda c: (c.seconds, c.flops, c.predicted_bytes))
 
 
 @dataclass(frozen=True)
@@ -320,7 +565,7 @@ class Over:
 def vanilla(costs: Costs, batch: int, fixed: int) -> Candidate:
     """The plain step as a candidate: no recompute, its bytes predicted from batch 1 (never measured at a batch it may
     not fit)."""
-    return Candidate((), "full", 0, fixed + costs.predict((), "full", batch)[0], costs.head)
+    return candidate(costs, (), (), batch, fixed)
 
 
 def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, costs: Costs,
@@ -349,7 +594,8 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
                 amp: torch.dtype | None = None, costs: Costs | None = None, measured: dict | None = None) -> Choice:
-    """The candidate with the least recompute FLOPs whose measured step at ``batch`` fits ``target`` bytes.
+    """The candidate with the least predicted step time whose measured step at ``batch`` fits ``target`` bytes; its
+    step is then timed at ``batch`` (``Choice.measured_seconds``) on a copy, in the memory just measured.
 
     Args:
         model: The model as it will train, plain (frozen layers already frozen), on its device.
@@ -359,7 +605,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         objects: Labelled objects per image in the measured batches.
         amp: Autocast dtype of the run's forward, ``None`` for full precision.
         costs: ``unit_costs`` of this model, when already measured.
-        measured: Steps already measured on this model at ``imgsz`` (``(units, mode, batch)`` keys, vanilla's units
+        measured: Steps already measured on this model at ``imgsz`` (``(units, modes, batch)`` keys, vanilla's units
             ``()``; ``Over`` values did not fit the target they were measured for), filled in as it measures, so
             that choosing for several targets measures each plan once (again only for a target larger than the one
             it did not fit).
@@ -376,7 +622,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
 
     def measure(c: Candidate) -> int | None:
         nonlocal extrapolated
-        key = (c.units, c.mode, batch)
+        key = (c.units, c.modes, batch)
         got = measured.get(key)
         if got is None or isinstance(got, Over) and got.target < target:  # a larger target may hold it: measure
             got, extra = measure_candidate(model, c, imgsz, batch, target, costs, objects, amp)
@@ -387,16 +633,16 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         return got if got is not None and got <= target else None
 
     def chosen(c: Candidate, got: int, later: list) -> Choice:
-        return Choice(c, c.plan(model), batch, got, target, base_flops, tried, later, costs, extrapolated)
+        seconds = None if extrapolated else time_candidate(model, c, imgsz, batch, objects, amp)
+        return Choice(c, c.plan(model), batch, got, target, base_flops, tried, later, costs, extrapolated, seconds)
 
     plain = vanilla(costs, batch, fixed)
     if plain.predicted_bytes <= target * (1 + MARGIN) and (got := measure(plain)) is not None:
         return chosen(plain, got, [])
     ranked = candidates(costs, batch, fixed)
     fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
-    for c in fitting[:MAX_MEASURED]:
-        if (got := measure(c)) is not None:
-            return chosen(c, got, [a for a in fitting if a.flops >= c.flops and a != c][:3])
+    if best := _fastest_fitting(fitting, target, measure, len(tried)):
+        return chosen(*best, [a for a in fitting if a.seconds >= best[0].seconds and a != best[0]][:3])
     least_first = sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))  # a tie: the plan that recomputes more
     for c in least_first[:3]:
         if all(c != t.candidate for t in tried) and (got := measure(c)) is not None:
@@ -406,6 +652,38 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     raise NothingFits(f"checkpoint_stages=auto: nothing fits {target / 2**30:.3f} GB at batch {batch}, imgsz "
                       f"{imgsz}; the plan that keeps the least ({describe(least)}) needs at most "
                       f"{needed / 2**30:.3f} GB", needed)
+
+
+def _fastest_fitting(fitting: list[Candidate], target: int, measure: Callable[[Candidate], int | None],
+                     done: int) -> tuple[Candidate, int] | None:
+    """The fastest of ``fitting`` (fastest first, predicted within ``MARGIN`` of ``target``) measured to fit, with
+    its bytes, measuring at most ``MAX_MEASURED`` (``done`` already): first those predicted to fit, fastest first,
+    until one does; then those predicted just over, but faster than it (a prediction may be that far off)."""
+    best = None
+    for c in (c for c in fitting if c.predicted_bytes <= target):
+        if done >= MAX_MEASURED:
+            break
+        done += 1
+        if (got := measure(c)) is not None:
+            best = (c, got)
+            break
+    for c in (c for c in fitting if c.predicted_bytes > target):
+        if done >= MAX_MEASURED or best is not None and c.seconds >= best[0].seconds:
+            break
+        done += 1
+        if (got := measure(c)) is not None:
+            return c, got
+    return best
+
+
+def time_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects: int = 50,
+                   amp: torch.dtype | None = None) -> float | None:
+    """Median time of ``c``'s step at ``batch`` on a copy (``TIMED_STEPS``); ``None`` when it ran out of memory (a
+    CUDA allocator may need more than the exact bytes counted). Call it only for a plan whose step was measured to
+    fit: the timed steps are that step again, so they need the memory it was measured to need."""
+    with c.copy(model) as m:
+        data = training_batch(m, imgsz, batch, objects)
+        return unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], next(model.parameters()).device)
 
 
 def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects: int = 50,
@@ -424,7 +702,7 @@ def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects
 def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,
                           amp: torch.dtype | None = None, max_batch: int = 1024) -> Choice:
     """AutoBatch with ``auto``: the largest batch any plan allows (at most ``max_batch``: Ultralytics caps AutoBatch at
-    the training images), then the cheapest plan that fits at that batch.
+    the training images), then the fastest plan (least predicted step time) that fits at that batch.
 
     The plans predicted to keep about the least are measured at the batch the first of them allows; the one measured
     to keep the least sets the batch (``plan_batch``).
@@ -433,7 +711,7 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         ValueError: When not even batch 1 fits with the plan that keeps the least.
     """
     costs = unit_costs(model, imgsz, objects, amp)
-    ranked = sorted(candidates(costs, 1, 0), key=lambda c: (c.predicted_bytes, c.flops))
+    ranked = sorted(candidates(costs, 1, 0), key=lambda c: (c.predicted_bytes, c.seconds))
     near = [c for c in ranked if c.predicted_bytes <= ranked[0].predicted_bytes * (1 + MARGIN)][:MAX_MEASURED]
     target = int(fraction * budget)
 
@@ -452,13 +730,13 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         got, _ = measure_candidate(model, c, imgsz, first.batch, target, costs, objects, amp)
         if got is not None:
             sizes[c] = got
-    least = min(sizes, key=lambda c: (sizes[c], c.flops)) if sizes else near[0]
+    least = min(sizes, key=lambda c: (sizes[c], c.seconds)) if sizes else near[0]
     best = first if least == near[0] or first.batch >= max_batch else max(first, largest(least),
                                                                            key=lambda b: b.batch)
     return choose_plan(model, imgsz, best.batch, best.target_bytes, objects, amp, costs)
 
 
 def escalations(costs: Costs, current: int, batch: int, fixed: int) -> list[Candidate]:
-    """The plans predicted to keep less than ``current`` step bytes at ``batch``, cheapest recompute first: where a
-    run that ran out of memory goes next (the first of them is the next point of the Pareto front)."""
+    """The plans predicted to keep less than ``current`` step bytes at ``batch``, least predicted step time first:
+    where a run that ran out of memory goes next (the first of them is the next point of the Pareto front)."""
     return [c for c in candidates(costs, batch, fixed) if c.predicted_bytes < current]

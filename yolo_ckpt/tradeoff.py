@@ -1,8 +1,9 @@
-"""Every candidate plan measured: the memory-versus-FLOPs front, the largest imgsz per plan, and what checkpointing
-cannot touch.
+"""Every candidate plan of one mode measured: the memory-versus-FLOPs front (with measured and predicted step time),
+the largest imgsz per plan, and what checkpointing cannot touch.
 
 ``yolo-ckpt profile`` uses these to answer what users ask before a run: which plans are worth it (the Pareto front of
-peak memory against recompute FLOPs, with the plan ``checkpoint_stages=auto`` would choose for ``memory_budget``),
+peak memory against recompute FLOPs, each point with its measured step time and the one ``auto`` predicts, with the
+plan ``checkpoint_stages=auto`` would choose for ``memory_budget``),
 how large the images can be at a given batch ("how large can my scans be at batch 8 on a 24 GB GPU?"), and how much
 memory no plan can save: the model state and the loss with its assigner, which grows with objects per image.
 
@@ -19,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -31,6 +33,7 @@ from .measure import batch_bytes, grad_bytes, planned_copy, state_bytes, trainin
 from .memory import LiveTensorTracker
 from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
 from .plots import axes, legend_points
+from .recompute import MODES
 
 
 def _row(c: Candidate, fit: Fit | None) -> dict:
@@ -38,14 +41,16 @@ def _row(c: Candidate, fit: Fit | None) -> dict:
     return {"plan": describe(c), **c.settings, "fits": fit is not None,
             "step_bytes": fit.step_bytes if fit else None, "flops": fit.flops if fit else None,
             "step_MiB": mib(fit.step_bytes) if fit else None, "peak_ratio": None, "flops_ratio": None,
-            "predicted_MiB": mib(c.predicted_bytes)}
+            "predicted_MiB": mib(c.predicted_bytes), "predicted_s": round(c.seconds, 4)}
 
 
 def _ratios(rows: list[dict]) -> None:
-    """Ratios to vanilla (``rows[0]``) of step bytes and FLOPs, both measured; none when vanilla did not fit."""
+    """Ratios to vanilla (``rows[0]``) of step bytes and FLOPs, both measured (none when vanilla did not fit), and of
+    predicted step time."""
     for r in rows:
         r["peak_ratio"] = ratio(r["step_bytes"], rows[0]["step_bytes"], 4)
         r["flops_ratio"] = ratio(r["flops"], rows[0]["flops"], 4)
+        r["predicted_time_ratio"] = ratio(r["predicted_s"], rows[0]["predicted_s"], 4)
 
 
 def _spec(row: dict) -> tuple:
@@ -66,9 +71,12 @@ def pareto(rows: list[dict]) -> list[dict]:
 
 
 def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None = None,
-                       repeats: int = 1, costs: Costs | None = None, measured: dict | None = None) -> list[dict]:
-    """Every candidate plan of ``checkpoint_stages=auto`` measured at ``batch`` and ``imgsz`` on copies of the model,
-    one copy at a time, each step within what the device has free (``fitting.fitting_step``).
+                       repeats: int = 1, costs: Costs | None = None, measured: dict | None = None,
+                       also: tuple = ()) -> list[dict]:
+    """Every candidate plan of ``checkpoint_stages=auto`` in one mode for all its units, and the plans ``also``
+    (``Candidate``s: auto's choice with a mode per unit), measured at ``batch`` and ``imgsz`` on copies of the model,
+    one copy at a time, each step within what the device has free (``fitting.fitting_step``). Plans with a mode per
+    unit are not all measured: there are ``3**n - 1`` of them for ``n`` units.
 
     ``costs`` are the model's ``unit_costs`` when already measured. ``measured`` is filled as ``choose_plan`` fills
     it, so that choosing afterwards measures nothing again — only without a device limit: on a device these steps are
@@ -79,16 +87,19 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
         (list[dict]): One row per plan, vanilla first: settings, ``fits`` (its step fit the device), step bytes (model
         state, batch and exact step peak, as planning counts them) and FLOPs, their ratios to vanilla's (only where
         both were measured), the predicted bytes, the Pareto flag (measured plans only), and for Pareto plans (and
-        vanilla) the measured step time ``step_s`` (median of ``repeats``) and its ratio to vanilla's.
+        vanilla) the measured step time ``step_s`` (median of ``repeats``) and its ratio to vanilla's; every row has
+        the planner's predicted step time ``predicted_s`` (from the batch-1 steps timed in ``unit_costs``) and its
+        ratio to vanilla's prediction.
     """
     costs = costs or unit_costs(model, imgsz, amp=amp)
     share = measured is not None and device_memory(next(model.parameters()).device) is None
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
     rows: list[dict] = []
-    for c in [vanilla(costs, batch, fixed), *candidates(costs, batch, fixed)]:
-        fit = plan_step(model, (c.settings["checkpoint_stages"], c.mode, c.layers), imgsz, batch, amp)
+    for c in [vanilla(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch, fixed),
+              *also]:
+        fit = plan_step(model, c.spec, imgsz, batch, amp)
         if share:
-            measured[c.units, c.mode, batch] = fit.step_bytes
+            measured[c.units, c.modes, batch] = fit.step_bytes
         rows.append(_row(c, fit))
     _ratios(rows)
     pareto(rows)
@@ -142,10 +153,12 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
 
 
 def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int | None = None,
-              fraction: float = 0.6, amp: torch.dtype | None = None) -> dict:
+              fraction: float = 0.6, amp: torch.dtype | None = None, costs: Costs | None = None) -> dict:
     """What ``yolo-ckpt profile`` reports beyond its fixed plans: every candidate plan with its Pareto flag; with
     ``memory_budget``, auto's choice for ``fraction`` of it (``choose_plan``, on the device the profile runs on) and
     the largest imgsz each Pareto plan (and vanilla) fits at this batch; the memory no plan changes.
+
+    ``costs``: the model's ``unit_costs`` at ``imgsz`` when already measured on this device.
 
     Returns:
         (dict): ``candidates`` (rows of ``measure_candidates``), ``untouchable``, ``notes`` (lines for the log) and
@@ -153,12 +166,19 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
     """
     dev = device_memory(next(model.parameters()).device)
     try:
-        costs = unit_costs(model, imgsz, amp=amp)
+        costs = costs or unit_costs(model, imgsz, amp=amp)
     except ValueError as e:  # not even vanilla's batch-1 step fits the device: there is nothing to plan from
         return {"candidates": [], "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": [str(e)],
                 "chosen": None}
-    measured: dict = {}
-    rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, measured=measured)
+    choice, failed = None, None
+    if memory_budget is not None:  # first: a choice with a mode per unit is measured among the rows
+        target = int(fraction * parse_memory(memory_budget))
+        try:
+            choice = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs)
+        except ValueError as e:
+            failed = str(e)
+    also = (choice.candidate,) if choice is not None and choice.candidate.mode not in MODES else ()
+    rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, also=also)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
     if dev is not None:
         notes.append(f"{sum(r['fits'] for r in rows)} of {len(rows)} plans fit the {dev.name} at imgsz={imgsz} "
@@ -167,18 +187,15 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
         notes.append(f"vanilla does not fit the {dev.name} (predicted {rows[0]['predicted_MiB']} MiB): no figure is "
                      f"given as a ratio to it")
     if memory_budget is not None:
-        target = int(fraction * parse_memory(memory_budget))
-        try:
-            choice = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs, measured=measured)
-            c = choice.candidate
-            chosen = next(r for r in rows if r["plan"] == describe(c) and r["checkpoint_mode"] == c.mode)
+        if choice is not None:
+            chosen = next(r for r in rows if r["plan"] == describe(choice.candidate))  # one name per plan
             chosen["auto"] = True
             where = f" on the {dev.name}" + (" (extrapolated from batches it holds)" if choice.extrapolated else "") \
                 if dev is not None else ""
             notes.append(f"checkpoint_stages=auto chooses {chosen['plan']} for {fraction:.0%} of "
                          f"memory_budget={memory_budget} at imgsz={imgsz} batch={batch}{where}")
-        except ValueError as e:
-            notes.append(str(e))
+        else:
+            notes.append(failed)
         for r in rows:
             if r["pareto"] or r is rows[0]:  # vanilla too, for comparison
                 r["largest_imgsz"] = largest_imgsz(model, r, batch, target, imgsz, amp=amp)
@@ -219,6 +236,14 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
     return rows
 
 
+def _times(row: dict) -> str:
+    """`` (1.12x time, predicted 1.10x)``: a front point's measured and predicted step time, as ratios to vanilla."""
+    shown = [f"{row['time_ratio']:.2f}x time"] if row.get("time_ratio") is not None else []
+    if row.get("predicted_time_ratio") is not None:
+        shown.append(f"predicted {row['predicted_time_ratio']:.2f}x")
+    return f" ({', '.join(shown)})" if shown else ""
+
+
 def plot_front(rows: list[dict], path, chosen: dict | None = None) -> None:
     """Memory against FLOPs for every measured plan (ratios to vanilla; absolute when vanilla did not fit the
     device), the Pareto front joined and labelled, ``chosen`` ringed where it was measured."""
@@ -236,8 +261,7 @@ def plot_front(rows: list[dict], path, chosen: dict | None = None) -> None:
     if chosen and chosen["fits"]:
         ax.scatter([chosen[x]], [chosen[y]], s=160, facecolors="none", edgecolors="tab:red", linewidths=2,
                    label=f"auto: {chosen['plan']}")
-    legend_points(ax, front, x, y,
-                  lambda r: r["plan"] + (f" ({r['time_ratio']:.2f}x time)" if "time_ratio" in r else ""))
+    legend_points(ax, front, x, y, lambda r: r["plan"] + _times(r))
     ax.set(xlabel=f"FLOPs{unit}", ylabel=f"step memory{unit or ' (MiB)'}",
            title="checkpoint plans: memory vs recompute" + ("" if unit else " (vanilla does not fit the device)"))
     ax.grid(alpha=0.3)

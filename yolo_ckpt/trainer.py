@@ -46,6 +46,7 @@ from .families import check_supported
 from .measure import grad_bytes, planned_copy
 from .model import check_plan, checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
+from .planner import describe
 from .recompute import MODES
 from .resources import data_file
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages, word
@@ -283,9 +284,12 @@ def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "")
     measured = f"{how} {choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB"
     if not choice.plan.regions:
         return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
+    c = choice.candidate
+    what = describe(c) if c.mode not in MODES else choice.plan.describe(mode)  # the plan knows one mode only
+    timed = f", measured {choice.measured_seconds:.3f} s" if choice.measured_seconds is not None else ""
     return [*(f"  {line}" for line in choice.table()),
-            f"auto chose {choice.plan.describe(mode)} at batch {choice.batch}{capped}: "
-            f"{1 + choice.candidate.flops / choice.base_flops:.3f}x FLOPs, {measured}"]
+            f"auto chose {what} at batch {choice.batch}{capped}: {1 + c.flops / choice.base_flops:.3f}x FLOPs, "
+            f"step time predicted {c.seconds:.3f} s{timed}, {measured}"]
 
 
 class CheckpointMixin(DistributedMixin):
@@ -604,8 +608,8 @@ class CheckpointMixin(DistributedMixin):
         what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
                 else "the largest batch" if autobatch else f"batch {batch}")
         less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
-        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least recompute that fits {fraction:.0%} of {source}"
-                    f"{less} at imgsz={imgsz}, {what}...")
+        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
+                    f"{source}{less} at imgsz={imgsz}, {what}...")
         try:
             if autobatch:
                 choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
