@@ -78,6 +78,20 @@ def one_step(model, batch, layers=None, stages=(), mode="full"):
     return {n: p.grad for n, p in model.named_parameters()}, dict(model.named_buffers()), convs, t.peak
 
 
+def assert_exact_and_recomputed(model, batch, layers, stages=(), mode="full"):
+    """One step checkpointed as given against the plain model's: gradients and buffers (BatchNorm statistics updated
+    once) bit for bit, each convolution recomputed once more per region around it."""
+    torch.manual_seed(0)
+    grads, buffers, convs, _ = one_step(model, batch)
+    torch.manual_seed(0)  # RT-DETR's denoising draws the same queries
+    ours, our_buffers, our_convs, _ = one_step(model, batch, layers, stages, mode)
+    for n, g in grads.items():
+        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
+    for n, b in buffers.items():
+        assert torch.equal(b, our_buffers[n]), n
+    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, list(stages), layers))
+
+
 KINDS = [  # (stages, checkpoint_layers, mode)
     ((), ["2.m.0"], "full"),  # one part
     ((), ["2.*", "23.*"], "selective"),  # each part of a layer
@@ -93,15 +107,7 @@ KINDS = [  # (stages, checkpoint_layers, mode)
 
 @pytest.mark.parametrize("stages, layers, mode", KINDS)
 def test_part_regions_are_exact_and_recompute_their_parts(yolo11n, stages, layers, mode):
-    batch = training_batch(yolo11n, 96, 2)
-    grads, buffers, convs, _ = one_step(yolo11n, batch)
-    ours, our_buffers, our_convs, _ = one_step(yolo11n, batch, layers, stages, mode)
-    for n, g in grads.items():
-        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
-    for n, b in buffers.items():  # BatchNorm statistics updated once
-        assert torch.equal(b, our_buffers[n]), n
-    plan = CheckpointPlan.from_spec(yolo11n, list(stages), layers)
-    assert_convs_recomputed(convs, our_convs, plan)
+    assert_exact_and_recomputed(yolo11n, training_batch(yolo11n, 96, 2), layers, stages, mode)
 
 
 @pytest.mark.parametrize("cfg", ["yolo11n-seg.yaml", "yolo11n-pose.yaml", "yolo11n-obb.yaml", "yolo26n-sem.yaml",
@@ -115,16 +121,7 @@ def test_every_head_per_part_is_exact(cfg, tmp_path):
     torch.manual_seed(0)
     model = build_model(cfg).train()
     layers = [f"{len(model.model) - 1}.*"]
-    batch = training_batch(model, 96, 2)
-    torch.manual_seed(0)
-    grads, buffers, convs, _ = one_step(model, batch)
-    torch.manual_seed(0)
-    ours, our_buffers, our_convs, _ = one_step(model, batch, layers)
-    for n, g in grads.items():
-        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
-    for n, b in buffers.items():
-        assert torch.equal(b, our_buffers[n]), n
-    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, [], layers))
+    assert_exact_and_recomputed(model, training_batch(model, 96, 2), layers)
 
 
 @pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolov5n.yaml", "yolo12n.yaml", "yolov9t.yaml", "yolov10n.yaml"])
@@ -138,14 +135,7 @@ def test_every_block_per_part_is_exact(cfg):
                                                       for n in tree.get("", ()))]  # a leaf part's recompute is no call
     layers = [*(f"{i}.*" for i in composite),
               *([i, i + 1] for i in range(0, len(model.model) - 1, 4))]
-    batch = training_batch(model, 64, 1)
-    grads, buffers, convs, _ = one_step(model, batch)
-    ours, our_buffers, our_convs, _ = one_step(model, batch, layers)
-    for n, g in grads.items():
-        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
-    for n, b in buffers.items():
-        assert torch.equal(b, our_buffers[n]), n
-    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, [], layers))
+    assert_exact_and_recomputed(model, training_batch(model, 64, 1), layers)
 
 
 def test_nesting_lowers_the_backward_peak(yolo11n):

@@ -505,9 +505,7 @@ def model_parts(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
     from .recompute import restored_buffers
 
     layers, _, cfg, _ = _built(model)
-    param = next(layers.parameters(), None)
-    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
-    x = torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
+    x = _zero_image(layers, cfg)
     parts: dict[int, dict[str, dict[str, None]]] = {m.i: {} for m in layers}
     names = {m.i: {id(sub): n for n, sub in m.named_modules()} for m in layers}
     uses: dict[int, int] = {}  # a module shared by several layers (Conv's default SiLU) cannot be a part of one
@@ -551,6 +549,13 @@ def model_parts(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
     return {i: {c: tuple(children) for c, children in tree.items()} for i, tree in parts.items()}
 
 
+def _zero_image(layers: nn.Sequential, cfg: dict | None) -> torch.Tensor:
+    """The dry runs' input: one zero image of ``DRY_RUN_SIZE``, on the model's device and dtype."""
+    param = next(layers.parameters(), None)
+    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
+    return torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
+
+
 def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int]:
     """The layers from ``first`` on worth a region of their own: those that store tensors for backward, reading only
     tensors that stay stored anyway.
@@ -563,9 +568,7 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
     """
     from .recompute import restored_buffers
 
-    param = next(layers.parameters(), None)
-    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
-    x = torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
+    x = _zero_image(layers, cfg)
     stored: set[int] = set()  # storages any op keeps for backward
     packed: list[bool] = []  # per layer: does it keep anything?
     outputs: list[Any] = []
@@ -622,9 +625,7 @@ def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model"
     n = len((cfg or {}).get("backbone") or [])
     if not n:
         raise CheckpointConfigError(f"{name} has no backbone section, so it has no checkpoint stages.")
-    param = next(layers.parameters(), None)
-    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
-    x = torch.zeros(1, (cfg or {}).get("channels", 3), DRY_RUN_SIZE, DRY_RUN_SIZE, device=device, dtype=dtype)
+    x = _zero_image(layers, cfg)
     stages: dict[int, list[int]] = {}
     leading: list[int] = []  # stride-1 layers at the start: they join the first stage, the first to change stride
     outputs, modes = [], [m.training for m in layers.modules()]
