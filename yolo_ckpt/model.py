@@ -12,6 +12,9 @@ YOLOE) are rejected with ``UnsupportedModelError``, never trained silently witho
 The checkpointed loop is used only while the model trains with grad enabled; eval, ``torch.no_grad`` (validation,
 EMA, predict, export, fuse), profiling and embedding requests run Ultralytics' own loop.
 
+Regions inside layers (``Region.parts``) shadow ``forward`` the same way, on the instances of the parts (or of the
+Sequential or layer that runs them), see "regions inside layers" below; ``disable_checkpointing`` removes those too.
+
 Example:
     >>> from ultralytics.nn.tasks import DetectionModel
     >>> from yolo_ckpt.stages import CheckpointPlan
