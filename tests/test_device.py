@@ -219,6 +219,17 @@ def test_auto_at_a_fixed_batch_plans_and_trains_within_the_device_share(detect_d
     assert not r.escalated
 
 
+def test_auto_at_a_tight_share_trains_within_it(detect_data, tmp_path):
+    """At 40% of vanilla's step the plan auto measures fits with little room: the epoch, where Ultralytics' loop holds
+    the loader's uint8 images and every second step the previous batch too, stays in the share (it passed it by
+    1.2 MB before those were counted)."""
+    device = device_bytes(detect_data, 0.4)
+    r = sim_run(detect_data, tmp_path, "tight", checkpoint_stages="auto", simulate_gpu=f"{device}B")
+    share = int(0.6 * device)
+    assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
+    assert "less the training loop's other batches" in r.log
+
+
 @pytest.mark.parametrize("stages, fraction", [([2, 3], 0.5), ("auto", -1)])
 def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages, fraction):
     """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning

@@ -110,6 +110,14 @@ def batch_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS
     return batch * sum(t.untyped_storage().nbytes() for t in one.values())
 
 
+def loop_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> int:
+    """Bytes of batches Ultralytics' training loop holds during a step beside the one the step trains on: the
+    loader's uint8 images, and at every second step's start the previous batch (ultralytics 8.4.190, measured on a
+    simulated device: vanilla's loop alternates by exactly one batch, and ``gc.collect()`` does not free it)."""
+    uint8 = batch * model.yaml.get("channels", 3) * imgsz * imgsz
+    return uint8 + batch_bytes(model, imgsz, batch, objects)
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers."""
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))

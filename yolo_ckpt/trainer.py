@@ -43,7 +43,7 @@ from .distributed import DistributedMixin, from_ultralytics_launcher, launch_rec
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .escalation import Snapshot, keeps_least, next_plan
 from .families import check_supported
-from .measure import grad_bytes, planned_copy
+from .measure import grad_bytes, loop_bytes, planned_copy
 from .model import check_plan, checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
 from .planner import describe
@@ -605,18 +605,22 @@ class CheckpointMixin(DistributedMixin):
         # (tests/test_ddp.py: without this the two-rank epoch on a simulated device passes auto's share). AutoBatch
         # is single-process, so only a fixed batch meets them here.
         buckets = grad_bytes(model) if self.world_size > 1 else 0
+        # The loop's other batches (measure.loop_bytes): without them a plan measured right at a 0.4x share trained
+        # 1.2 MB past it (tests/test_device.py). AutoBatch's batches do not count them yet (README, Limitations).
+        loop = 0 if autobatch else loop_bytes(model, imgsz, batch, objects)
         what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
                 else "the largest batch" if autobatch else f"batch {batch}")
         less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
+        less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB)" if loop else ""
         LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
                     f"{source}{less} at imgsz={imgsz}, {what}...")
         try:
             if autobatch:
                 choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
             else:
-                choice = choose_plan(model, imgsz, batch, self.memory_target - buckets, objects, amp)
+                choice = choose_plan(model, imgsz, batch, self.memory_target - buckets - loop, objects, amp)
         except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
-            need = math.ceil((e.needed + buckets) / fraction / 2**20)
+            need = math.ceil((e.needed + buckets + loop) / fraction / 2**20)
             raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz") from None
         except ValueError as e:
             raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
