@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -531,22 +533,35 @@ def model_parts(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
 
     hooks = [h for sub in {id(s): s for s in layers.modules()}.values() if sub is not layers
              for h in (sub.register_forward_pre_hook(enter), sub.register_forward_hook(leave))]
-    modes = [m.training for m in layers.modules()]
     outputs: list[Any] = []
-    layers.train()
     try:
-        with restored_buffers(layers), torch.no_grad():
+        with _modes_kept(layers, train=True), restored_buffers(layers), torch.no_grad():
             for m in layers:
-                if m.f != -1:
-                    x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
-                x = m(x)
+                x = m(_layer_input(m, x, outputs))
                 outputs.append(x)
     finally:
         for h in hooks:
             h.remove()
+    return {i: {c: tuple(children) for c, children in tree.items()} for i, tree in parts.items()}
+
+
+@contextmanager
+def _modes_kept(layers: nn.Sequential, train: bool) -> Iterator[None]:
+    """The layers in train (or eval) mode for a dry run, every module's own mode back afterwards."""
+    modes = [m.training for m in layers.modules()]
+    layers.train(train)
+    try:
+        yield
+    finally:
         for mod, mode in zip(layers.modules(), modes):
             mod.training = mode
-    return {i: {c: tuple(children) for c, children in tree.items()} for i, tree in parts.items()}
+
+
+def _layer_input(m: nn.Module, x: Any, outputs: list[Any]) -> Any:
+    """What Ultralytics' layer loop feeds ``m``: the previous output, or earlier layers' outputs by index."""
+    if m.f == -1:
+        return x
+    return outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
 
 
 def _zero_image(layers: nn.Sequential, cfg: dict | None) -> torch.Tensor:
@@ -572,14 +587,12 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
     stored: set[int] = set()  # storages any op keeps for backward
     packed: list[bool] = []  # per layer: does it keep anything?
     outputs: list[Any] = []
-    modes = [m.training for m in layers.modules()]
     grads = [p.requires_grad for p in layers.parameters()]  # as in training, whatever was loaded or frozen
-    layers.train().requires_grad_(True)
+    layers.requires_grad_(True)
     try:
-        with restored_buffers(layers), torch.enable_grad():
+        with _modes_kept(layers, train=True), restored_buffers(layers), torch.enable_grad():
             for m in layers:
-                if m.f != -1:
-                    x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
+                x = _layer_input(m, x, outputs)
                 before = len(stored)
 
                 def pack(t: torch.Tensor) -> None:
@@ -592,8 +605,6 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
                 packed.append(len(stored) > before)
                 outputs.append(x)
     finally:
-        for mod, mode in zip(layers.modules(), modes):
-            mod.training = mode
         for p, g in zip(layers.parameters(), grads):
             p.requires_grad_(g)
 
@@ -628,35 +639,29 @@ def backbone_stages(layers: nn.Sequential, cfg: dict | None, name: str = "model"
     x = _zero_image(layers, cfg)
     stages: dict[int, list[int]] = {}
     leading: list[int] = []  # stride-1 layers at the start: they join the first stage, the first to change stride
-    outputs, modes = [], [m.training for m in layers.modules()]
-    layers.eval()  # eval + no_grad: the dry run must not touch BatchNorm statistics
-    try:
-        with torch.no_grad():
-            for m in list(layers)[:n]:
-                if m.f != -1:
-                    x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
-                x = m(x)
-                outputs.append(x)
-                stride = DRY_RUN_SIZE / x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() == 4 else 0
-                if stride == 1 and not stages:  # full-resolution layers before the first downsampling (yolov3)
-                    leading.append(m.i)
-                    continue
-                # nearest power of two: a padding layer shifts the size by a pixel (yolov3-tiny's ZeroPad2d, 8 -> 9)
-                k = round(math.log2(stride)) if stride >= 1 else -1
-                if k < 1 or abs(math.log2(stride) - k) > STRIDE_TOLERANCE or (stages and k < max(stages)):
-                    raise CheckpointConfigError(
-                        f"{name} has no recognisable backbone stages: layer {m.i} ({type(m).__name__}) "
-                        f"gives output stride {stride or 'n/a'}, not a growing power of two. {NO_STAGES_HINT}"
-                    )
-                if int(k) in stages and m.f != -1:
-                    raise CheckpointConfigError(
-                        f"{name} has no recognisable backbone stages: layer {m.i} takes input from layer {m.f}. "
-                        f"{NO_STAGES_HINT}"
-                    )
-                stages.setdefault(int(k), [] if stages else leading).append(m.i)
-    finally:
-        for mod, mode in zip(layers.modules(), modes):
-            mod.training = mode
+    outputs = []
+    with _modes_kept(layers, train=False), torch.no_grad():  # eval + no_grad: BatchNorm statistics untouched
+        for m in list(layers)[:n]:
+            x = _layer_input(m, x, outputs)
+            x = m(x)
+            outputs.append(x)
+            stride = DRY_RUN_SIZE / x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() == 4 else 0
+            if stride == 1 and not stages:  # full-resolution layers before the first downsampling (yolov3)
+                leading.append(m.i)
+                continue
+            # nearest power of two: a padding layer shifts the size by a pixel (yolov3-tiny's ZeroPad2d, 8 -> 9)
+            k = round(math.log2(stride)) if stride >= 1 else -1
+            if k < 1 or abs(math.log2(stride) - k) > STRIDE_TOLERANCE or (stages and k < max(stages)):
+                raise CheckpointConfigError(
+                    f"{name} has no recognisable backbone stages: layer {m.i} ({type(m).__name__}) "
+                    f"gives output stride {stride or 'n/a'}, not a growing power of two. {NO_STAGES_HINT}"
+                )
+            if int(k) in stages and m.f != -1:
+                raise CheckpointConfigError(
+                    f"{name} has no recognisable backbone stages: layer {m.i} takes input from layer {m.f}. "
+                    f"{NO_STAGES_HINT}"
+                )
+            stages.setdefault(int(k), [] if stages else leading).append(m.i)
     if not stages:
         raise CheckpointConfigError(f"{name} has no recognisable backbone stages: no backbone layer changes the "
                                     f"stride. {NO_STAGES_HINT}")
