@@ -214,3 +214,15 @@ def test_a_run_of_all_parts_keeps_what_torch_checkpoint_of_the_layer_keeps(yolo1
     whole = kept(reference=True)
     assert kept("cv1-cv2") == whole
     assert whole < kept("cv1-m.0") < kept()
+
+
+@pytest.mark.parametrize("layers", [["23.cv3.0", "23.cv3.0.0-cv3.0.1"], ["23.cv3.0.0-cv3.0.1", "23.cv3.0"]])
+def test_a_run_inside_a_part_with_its_own_region_is_recomputed_twice(yolo11n, layers):
+    """Detect's branch ``cv3.0`` is a region, and a run of its children another one inside it: the branch's recompute
+    needs the run's output (the last layer of the branch reads it), so the run's convolutions run three times per
+    step, forward, the branch's recompute and their own, whichever order the items are given in."""
+    batch = training_batch(yolo11n, 96, 2)
+    assert_exact_and_recomputed(yolo11n, batch, layers)
+    convs = one_step(yolo11n, batch, layers)[2]
+    run = [n for n in convs if n.startswith(("model.23.cv3.0.0.", "model.23.cv3.0.1."))]
+    assert run and all(convs[n] == 3 for n in run), {n: convs[n] for n in run}

@@ -200,9 +200,9 @@ def _chain_forward(seq: nn.Sequential, prior: Callable[..., Any] | None, runs: t
                    x: Any) -> Any:
     """``nn.Sequential.forward`` (each child on the previous output) with runs of children ``(first, last, mode)``
     each recomputed as one region."""
-    if prior is not None or not _training(seq):
+    if not _training(seq):
         return _inner(seq, prior)(x)
-    children, i = list(seq), 0
+    children, i = list(seq), 0  # Sequential.forward's chain (a fused forward of the instance is never trained)
     starts = {first: (last, mode) for first, last, mode in runs}
     while i < len(children):
         if i in starts:
@@ -224,12 +224,13 @@ def _own_run_forward(layer: nn.Module, prior: Callable[..., Any] | None, state: 
     if not _training(layer):
         return forward(*args)
     outputs: list[Any] = []
-    runs = [0]
+    calls = 0  # the first call is the forward, any later one the recompute
     around = enclosing_hooks()  # how the parts outside the run store: as this layer would without the run
 
     def replay(*a: Any) -> Any:
-        state.update(outputs=outputs, at=0, replay=runs[0] > 0, around=around)
-        runs[0] += 1
+        nonlocal calls
+        state.update(outputs=outputs, at=0, replay=calls > 0, around=around)
+        calls += 1
         try:
             return forward(*a)
         finally:
@@ -276,18 +277,17 @@ def check_plan(plan: CheckpointPlan, mode: str, compile: Any = False) -> None:
 
 
 def _install_parts(model: nn.Module, plan: CheckpointPlan, mode: str) -> None:
-    """Shadow the forwards that recompute the plan's regions inside layers."""
+    """Shadow the forwards that recompute the plan's regions inside layers, innermost first, so that each shadow runs
+    the one below it: a Sequential's runs, then single parts (a part whose children run as regions checkpoints that
+    chain), then the runs of a layer's own parts (the parts outside such a run store as the shadows below them say)."""
     chains: dict[int, tuple[nn.Sequential, list]] = {}
+    singles, own = [], []
     for r in plan.part_regions:
         layer, how = model.model[r.layers[0]], r.mode or mode
         if r.siblings:
-            state: dict = {}
-            for name in r.siblings:
-                if name not in r.parts:
-                    _shadow(layer.get_submodule(name), _outside_forward, state)
-            _shadow(layer, _own_run_forward, state)
+            own.append((layer, r))
         elif len(r.parts) == 1:
-            _shadow(layer.get_submodule(r.parts[0]), _part_forward, how)
+            singles.append((layer.get_submodule(r.parts[0]), how))
         else:  # children of a Sequential (the layer or one of its parts)
             parent = r.parts[0].rpartition(".")[0]
             seq = layer.get_submodule(parent) if parent else layer
@@ -295,6 +295,14 @@ def _install_parts(model: nn.Module, plan: CheckpointPlan, mode: str) -> None:
             chains.setdefault(id(seq), (seq, []))[1].append((int(index[0]), int(index[-1]), how))
     for seq, runs in chains.values():
         _shadow(seq, _chain_forward, tuple(runs))
+    for part, how in singles:
+        _shadow(part, _part_forward, how)
+    for layer, r in own:
+        state: dict = {}
+        for name in r.siblings:
+            if name not in r.parts:
+                _shadow(layer.get_submodule(name), _outside_forward, state)
+        _shadow(layer, _own_run_forward, state)
 
 
 def enable_checkpointing(model: nn.Module, plan: CheckpointPlan, mode: str = "full") -> None:
