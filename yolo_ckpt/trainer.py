@@ -376,8 +376,9 @@ class CheckpointMixin(DistributedMixin):
                 i = region.layers[0]
                 inside = next((r for r in whole if i in r.layers), None)
                 nested = "" if inside is None else f", nested in the region of layers {list(inside.layers)}"
-                LOGGER.info(f"{PREFIX} layer {i} ({type(model.model[i]).__name__}) parts {', '.join(region.parts)}"
-                            f"{' as one region' if len(region.parts) > 1 else ''}{nested}{how}")
+                run = f"parts {', '.join(region.parts)} as one region" if len(region.parts) > 1 else \
+                    f"part {region.parts[0]}"
+                LOGGER.info(f"{PREFIX} layer {i} ({type(model.model[i]).__name__}) {run}{nested}{how}")
             elif not region.stages:
                 types = ", ".join(type(model.model[i]).__name__ for i in region.layers)
                 LOGGER.info(f"{PREFIX} layers {list(region.layers)}: {types}{how}")
