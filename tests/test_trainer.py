@@ -233,8 +233,9 @@ def test_failed_training_leaves_nothing_of_ours(detect_data, tmp_path):
     tuned.add_callback("on_train_batch_end", crash)
     with pytest.raises(RuntimeError, match="crash in the first"):
         tuned.train(data=detect_data, project=str(tmp_path), name="tune", checkpoint_stages="all",
-                    **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})
+                    checkpoint_layers=["2.*", "23.*"], **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})  # parts too
     assert checkpoint_plan(tuned.model) is None
+    assert not any("forward" in vars(m) for m in tuned.model.modules())  # no part keeps a forward of ours
     model.save(tmp_path / "yaml_after_crash.pt")
     tuned.save(tmp_path / "pt_after_crash.pt")
     files = [tmp_path / "yaml_after_crash.pt", tmp_path / "pt_after_crash.pt", last]
