@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from copy import deepcopy
 from functools import partial
 from pathlib import Path
 
@@ -23,10 +24,17 @@ from ultralytics.utils import LOCAL_RANK, RANK
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
-from yolo_ckpt import TRAINERS, CheckpointPlan, DetectionTrainer, RTDETRTrainer
+from yolo_ckpt import (
+    TRAINERS,
+    CheckpointPlan,
+    DetectionTrainer,
+    RTDETRTrainer,
+    disable_checkpointing,
+    enable_checkpointing,
+)
 from yolo_ckpt.distributed import WORLD_KEY, DistributedMixin
 from yolo_ckpt.families import ultralytics_class
-from yolo_ckpt.measure import measure_peak, state_bytes, step_bytes, training_batch
+from yolo_ckpt.measure import measure_peak, state_bytes, step_bytes, step_loss, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
@@ -166,6 +174,36 @@ def assert_convs_recomputed(vanilla: dict[str, int], ckpt: dict[str, int], plan:
         k = around(name)
         low, high = (n, n) if k == 0 else (2 * n, (1 + k) * n)
         assert low <= ckpt[name] <= high, f"{name}: {ckpt[name]} forwards, not in [{low}, {high}] ({k} regions)"
+
+
+def one_step(model, batch, layers=None, stages=(), mode="full") -> tuple:
+    """Gradients, buffers and convolution forwards of one training step, checkpointed as given or plain."""
+    model = deepcopy(model)
+    if layers or stages:
+        enable_checkpointing(model, CheckpointPlan.from_spec(model, list(stages), layers), mode)
+    convs = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: convs.__setitem__(n, convs.get(n, 0) + 1))
+             for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    with LiveTensorTracker() as t:
+        step_loss(model, batch).backward()
+    for h in hooks:
+        h.remove()
+    disable_checkpointing(model)
+    return {n: p.grad for n, p in model.named_parameters()}, dict(model.named_buffers()), convs, t.peak
+
+
+def assert_exact_and_recomputed(model, batch, layers, stages=(), mode="full") -> None:
+    """One step checkpointed as given against the plain model's: gradients and buffers (BatchNorm statistics updated
+    once) bit for bit, each convolution recomputed once more per region around it."""
+    torch.manual_seed(0)
+    grads, buffers, convs, _ = one_step(model, batch)
+    torch.manual_seed(0)  # RT-DETR's denoising draws the same queries
+    ours, our_buffers, our_convs, _ = one_step(model, batch, layers, stages, mode)
+    for n, g in grads.items():
+        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
+    for n, b in buffers.items():
+        assert torch.equal(b, our_buffers[n]), n
+    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, list(stages), layers))
 
 
 def assert_recomputed(vanilla: list[int], ckpt: list[int], layers: set[int]) -> None:

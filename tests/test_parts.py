@@ -20,7 +20,7 @@ from yolo_ckpt.measure import build_model, step_loss, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.stages import CheckpointConfigError, model_parts
 
-from support import RTDETR_TINY, SMALL, assert_convs_recomputed, assert_same_training, train_pair
+from support import RTDETR_TINY, SMALL, assert_exact_and_recomputed, assert_same_training, one_step, train_pair
 
 
 @pytest.fixture(scope="module")
@@ -60,36 +60,6 @@ def test_parts_cover_every_trained_parameter(cfg):
         owners = [q for q in parts[i][""] if path.startswith(q + ".")]
         assert len(owners) <= 1, (name, owners)
         assert owners or "." not in path, f"{name}: in no part of layer {i} ({parts[i]['']})"
-
-
-def one_step(model, batch, layers=None, stages=(), mode="full"):
-    """Gradients, buffers and convolution forwards of one training step, checkpointed as given or plain."""
-    model = deepcopy(model)
-    if layers or stages:
-        enable_checkpointing(model, CheckpointPlan.from_spec(model, list(stages), layers), mode)
-    convs = {}
-    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: convs.__setitem__(n, convs.get(n, 0) + 1))
-             for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
-    with LiveTensorTracker() as t:
-        step_loss(model, batch).backward()
-    for h in hooks:
-        h.remove()
-    disable_checkpointing(model)
-    return {n: p.grad for n, p in model.named_parameters()}, dict(model.named_buffers()), convs, t.peak
-
-
-def assert_exact_and_recomputed(model, batch, layers, stages=(), mode="full"):
-    """One step checkpointed as given against the plain model's: gradients and buffers (BatchNorm statistics updated
-    once) bit for bit, each convolution recomputed once more per region around it."""
-    torch.manual_seed(0)
-    grads, buffers, convs, _ = one_step(model, batch)
-    torch.manual_seed(0)  # RT-DETR's denoising draws the same queries
-    ours, our_buffers, our_convs, _ = one_step(model, batch, layers, stages, mode)
-    for n, g in grads.items():
-        assert (g is None and ours[n] is None) or torch.equal(g, ours[n]), n
-    for n, b in buffers.items():
-        assert torch.equal(b, our_buffers[n]), n
-    assert_convs_recomputed(convs, our_convs, CheckpointPlan.from_spec(model, list(stages), layers))
 
 
 KINDS = [  # (stages, checkpoint_layers, mode)

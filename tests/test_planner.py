@@ -19,18 +19,21 @@ from yolo_ckpt.model import disable_checkpointing
 from yolo_ckpt.planner import (
     HEAD,
     NESTED,
+    PARTS,
+    UNIT_MODES,
     Candidate,
     NothingFits,
     candidates,
     choose_plan,
     choose_plan_and_batch,
     space_size,
+    split_mode,
     unit_costs,
 )
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.trainer import auto_report, check_settings, saved_settings
 
-from support import MINI, SMALL, assert_same_training, auto_budget, train_pair
+from support import MINI, SMALL, assert_exact_and_recomputed, assert_same_training, auto_budget, train_pair
 
 IMGSZ, BATCH = 128, 2
 
@@ -60,17 +63,17 @@ def measure_every_plan(model, costs) -> tuple:
 
 @pytest.fixture(scope="module")
 def exhaustive(small):
-    """The plans of one mode for all units (62 on this model: every unit in every mode would be 767) measured."""
+    """The plans of one mode for all units (62 on this model: every unit in every mode would be 19682) measured."""
     return measure_every_plan(small, dataclasses.replace(unit_costs(small, IMGSZ), mixed=False))
 
 
 @pytest.fixture(scope="module")
 def mixed():
-    """Every plan of a model of three units, each unit in its own mode (nested too), measured: 47 plans."""
+    """Every plan of a model of three units, each unit in its own mode (its parts' too), measured: 242 plans."""
     model = DetectionModel(deepcopy(MINI), verbose=False).train()
     model.args = get_cfg()
     costs = unit_costs(model, IMGSZ)
-    assert costs.mixed and space_size(costs) == 3 * 4 * 4 - 1  # stage 1 is one Conv: nothing to nest
+    assert costs.mixed and space_size(costs) == 3 * 9 * 9 - 1  # stage 1 is one Conv: no parts
     return model, measure_every_plan(model, costs)
 
 
@@ -79,7 +82,7 @@ def mixed():
 def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, share, space):
     """Of the plans whose independently measured step fits, the choice is the one with the least predicted step
     time (the FLOPs it reports are the counted ones); its step at the run's batch was timed. In one mode for all
-    units (62 plans), and with each unit in its own mode, nested included (47 plans of a smaller model)."""
+    units (62 plans), and with each unit in its own mode, its parts' included (242 plans of a smaller model)."""
     small, (costs, fixed, peak, rows) = (small, exhaustive) if space == "one mode" else mixed
     target = fixed + int(share * peak)  # share of the vanilla step's peak, on top of what no plan changes
     fitting = [(c, nbytes, flops) for c, nbytes, flops in rows if nbytes <= target]
@@ -216,11 +219,11 @@ def test_auto_with_autobatch_caps_at_the_training_images(detect_data, tmp_path):
 @pytest.mark.parametrize("mixed", [False, True])
 def test_a_space_too_large_to_list_keeps_the_fastest_plan_for_every_target(small, exhaustive, mixed):
     """With the space cut to the plans no other beats (as planning does past ``MAX_SPACE``), every target's fastest
-    plan predicted to fit is the one the whole list has; per-unit modes (predictions only) make the list 767 plans
+    plan predicted to fit is the one the whole list has; per-unit modes (predictions only) make the list 19682 plans
     long, the cut one much shorter."""
     costs = dataclasses.replace(exhaustive[0], mixed=mixed)
-    every, cut = candidates(costs, BATCH, 0), candidates(costs, BATCH, 0, max_space=0)
-    assert len(every) == space_size(costs) == (3 * 4**4 - 1 if mixed else 2 * (2**5 - 1))  # stage 1: no nesting
+    every, cut = candidates(costs, BATCH, 0, max_space=space_size(costs)), candidates(costs, BATCH, 0, max_space=0)
+    assert len(every) == space_size(costs) == (3 * 9**4 - 1 if mixed else 2 * (2**5 - 1))  # stage 1: no parts
     assert set(cut) <= set(every) and len(cut) < len(every) / (2 if mixed else 1)
     sizes = sorted({c.predicted_bytes for c in every})
     for target in sizes[:: max(len(sizes) // 40, 1)]:
@@ -229,13 +232,32 @@ def test_a_space_too_large_to_list_keeps_the_fastest_plan_for_every_target(small
         assert (got.seconds, got.flops) == (best.seconds, best.flops), target
 
 
-def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_data, tmp_path):
-    """The settings auto writes for a plan whose units differ in mode — selective, full, nested (parts recomputed
-    inside their stage and inside the head) — train bit for bit like vanilla, every region recomputed."""
+@pytest.mark.parametrize("mode", UNIT_MODES)
+def test_every_unit_mode_is_exact_and_recomputes_what_it_names(small, exhaustive, mode):
+    """Each mode auto may give a unit — its regions full, selective or not recomputed, and its parts (each a region
+    of its own) inside them or alone, full or selective — written as auto writes it, for a stage and the head: one
+    step bit for bit like the plain model's, each region's convolutions recomputed (counted)."""
     costs = exhaustive[0]
-    c = Candidate((1, 2, 3, HEAD), ("selective", "full", NESTED, NESTED), 0, 0, costs.head, layout=costs.layout)
+    s = Candidate((3, HEAD), mode, 0, 0, costs.head, layout=costs.layout).settings
+    outer, parts = split_mode(mode)
+    layers = s["checkpoint_layers"] if isinstance(s["checkpoint_layers"], list) else []
+    assert {x.split(":")[0] for x in layers if ".*" in x} == ({"4.*", *(f"{i}.*" for i in costs.layout[-1].nests)}
+                                                              if parts else set())
+    assert all(x.endswith(":selective") == ((outer if ".*" not in x else parts) == "selective") for x in layers)
+    assert_exact_and_recomputed(small, training_batch(small, 96, 2), s["checkpoint_layers"], s["checkpoint_stages"],
+                                s["checkpoint_mode"])
+
+
+def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_data, tmp_path):
+    """The settings auto writes for a plan whose units differ in mode — selective; parts alone; selective with full
+    parts inside; full with selective parts inside; full with full parts inside the head — train bit for bit like
+    vanilla, every region recomputed."""
+    costs = exhaustive[0]
+    modes = ("selective", PARTS, "selective+parts", "full+parts:selective", NESTED)
+    c = Candidate((1, 2, 3, 4, HEAD), modes, 0, 0, costs.head, layout=costs.layout)
     s = c.settings
-    assert s["checkpoint_stages"] == [] and "0:selective" in s["checkpoint_layers"] and "4.*" in s["checkpoint_layers"]
+    assert s["checkpoint_stages"] == [] and {"0:selective", "2.*", "3-4:selective", "4.*", "5-6", "6.*:selective"} \
+        <= set(s["checkpoint_layers"]) and not {"1", "1-2"} & set(s["checkpoint_layers"])  # stage 2's parts alone
     cfg = tmp_path / "small.yaml"
     cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
     vanilla, ckpt = train_pair(str(cfg), [], detect_data, tmp_path, layers=s["checkpoint_layers"], epochs=1,

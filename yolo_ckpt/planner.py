@@ -1,10 +1,13 @@
 """``checkpoint_stages=auto``: the plan with the least predicted step time whose measured training step fits a memory
 target.
 
-A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``) — each recomputed
-in its own mode: ``full``, ``selective``, or ``nested`` (full, with each part of its block layers — C3k2's ``cv1``,
-``m.0``, ``cv2``; Detect's branches — a region of its own inside, recomputed again during the unit's recompute, which
-then holds one part's activations instead of the layer's: Chen's recursive scheme). Where the model's plans take no
+A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``), and inside each
+the parts of its block layers (C3k2's ``cv1``, ``m.0``, ``cv2``; SPPF's; Detect's branches per scale) — each
+recomputed in its own mode: none, ``full`` or ``selective``. A unit's parts recomputed inside its recomputed regions
+are recomputed again during the unit's recompute, which then holds one part's activations instead of the layer's
+(Chen's recursive scheme); recomputed alone, they keep the unit's other layers' tensors and each part's input. A unit
+and its parts are measured together, as one mode of ``UNIT_MODES`` (``"full+parts:selective"``: the stage full, each
+part of it selective inside), since what the parts save depends on what holds them. Where the model's plans take no
 mode per region (``per_region_modes``), one of ``full``/``selective`` for all units. Each unit is measured once per
 mode, alone, in a training step at batch 1 on a copy of the model: the bytes it stops keeping for backward, the peak
 of the step's backward from the moment it reaches the unit, the FLOPs its recompute adds, and — once that bounded step
@@ -70,8 +73,20 @@ HEAD = "head"  # the unit of every layer after the backbone that stores activati
 MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
-NESTED = "nested"  # a unit recomputed full, each part of its block layers a region of its own inside (Chen)
-UNIT_MODES = (*MODES, NESTED)  # what planning may give a unit where the model's plans take per-region modes
+# A unit's mode, where the model's plans take a mode per region: its own regions' (``full``, ``selective``, or none)
+# and, for a unit with block layers, the mode of their parts (``Layout.nests``) as a unit of their own: each part a
+# region, nested inside the unit's regions (Chen's recursive scheme) or alone ("parts": the unit's other layers keep
+# their tensors). What the parts save depends on their unit's mode, so each pair is measured together.
+PARTS = "parts"
+UNIT_MODES = (*MODES, *(f"{o}+{PARTS}{s}" for o in MODES for s in ("", ":selective")), PARTS, f"{PARTS}:selective")
+NESTED = f"full+{PARTS}"  # a unit recomputed full, each part of its block layers a full region of its own inside
+
+
+def split_mode(mode: str) -> tuple[str | None, str | None]:
+    """A unit mode's (regions' mode, parts' mode), ``None`` where not recomputed: ``"full+parts:selective"`` is
+    ``("full", "selective")``, ``"parts"`` is ``(None, "full")``, ``"selective"`` is ``("selective", None)``."""
+    outer, _, parts = mode.rpartition(PARTS) if PARTS in mode else (mode, "", None)
+    return outer.rstrip("+") or None, None if parts is None else parts.lstrip(":") or "full"
 MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
 TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
 
@@ -91,7 +106,8 @@ class Layout(NamedTuple):
         unit (Any): A stage number or ``"head"``.
         ranges (tuple): Its layer regions as ``(first, last)`` pairs.
         nests (tuple): Its block layers, whose parts (``stages.model_parts``) are blocks of their own (``_layout``):
-            ``nested`` recomputes each part of them as a region of its own inside the unit's regions.
+            the unit's ``+parts`` modes recompute each part of them as a region of its own (inside the unit's
+            regions, or alone).
     """
 
     unit: Any
@@ -144,8 +160,9 @@ class Candidate:
 
         One mode of ``MODES``: those keys as a user writes them (``checkpoint_stages``, ``checkpoint_layers=head``,
         ``checkpoint_mode``). Otherwise every region in ``checkpoint_layers``: each unit's layer ranges with its mode
-        as a suffix where it is not ``full`` (``"0-2:selective"``), and for a ``nested`` unit each part of its layers
-        with parts (``"2.*"``), recomputed inside them (``per_region_modes``: only such models get these plans).
+        as a suffix where it is not ``full`` (``"0-2:selective"``), and where its parts are recomputed each part of
+        its block layers (``"2.*"``, ``"2.*:selective"``), inside those ranges when they are recomputed too
+        (``per_region_modes``: only such models get these plans).
         """
         if self.mode in MODES:
             stages = [u for u in self.units if u != HEAD]
@@ -160,9 +177,10 @@ class Candidate:
         where = {w.unit: w for w in self.layout}
         items = []
         for u, m in zip(self.units, self.modes):
-            suffix = "" if m in ("full", NESTED) else f":{m}"
-            items += [(a, 0, f"{a}{'' if a == b else f'-{b}'}{suffix}") for a, b in where[u].ranges]
-            items += [(i, 1, f"{i}.*") for i in where[u].nests] if m == NESTED else []
+            outer, parts = split_mode(m)
+            items += [(a, 0, f"{a}{'' if a == b else f'-{b}'}{_suffix(outer)}") for a, b in where[u].ranges] if outer \
+                else []
+            items += [(i, 1, f"{i}.*{_suffix(parts)}") for i in where[u].nests] if parts else []
         return [item for *_, item in sorted(items)]
 
     @property
@@ -191,6 +209,10 @@ class Candidate:
         """A copy of ``model`` with this plan installed, for the block (``measure.planned_copy``)."""
         with planned_copy(model, *self.spec) as m:
             yield m
+
+
+def _suffix(mode: str) -> str:
+    return "" if mode == "full" else f":{mode}"
 
 
 @dataclass(frozen=True)
@@ -257,7 +279,8 @@ class Choice:
 
 def describe(c: Candidate) -> str:
     """``stages [1, 2] + head selective``, ``stages [2, 3] full; stages [1] + head selective`` (per-unit modes),
-    ``stages [2] nested`` (parts recomputed inside), or ``none``."""
+    ``stages [2] full+parts`` (parts recomputed inside), ``head parts:selective`` (the head's parts alone), or
+    ``none``."""
     if c.mode != MIXED:
         return _describe_units(c.units, c.mode)
     return "; ".join(f"{_describe_units(us, m)}{' full' if m == 'full' else ''}"
@@ -334,7 +357,7 @@ class Costs:
         head (tuple | None): The head's regions as ``(first, last)`` ranges (``Candidate.head``).
         layout (tuple | None): Each unit's ``Layout`` (``Candidate.layout``).
         mixed (bool): The model's plans take a mode per region (``per_region_modes``): candidates may then recompute
-            each unit in its own mode, ``nested`` included where the unit has layers with parts.
+            each unit in its own mode, its parts' modes included where the unit has block layers.
     """
 
     units: list
@@ -346,7 +369,7 @@ class Costs:
     mixed: bool = False
 
     def modes_of(self, unit: Any) -> tuple[str, ...]:
-        """The modes ``unit`` was measured in (``nested`` only where it has block layers)."""
+        """The modes ``unit`` was measured in (those with its parts only where it has block layers)."""
         return tuple(m for m in UNIT_MODES if (unit, m) in self.unit)
 
     def predict(self, units: tuple, modes: tuple | str, batch: int) -> tuple[int, int]:
@@ -413,7 +436,7 @@ def per_region_modes(model: nn.Module) -> bool:
 
 
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
-    """Measure the plain step and each unit alone, in each mode (``nested`` too where the model's plans take modes
+    """Measure the plain step and each unit alone, in each mode (its parts' too where the model's plans take modes
     per region and the unit has block layers), at batch 1 (on copies of the model), each within what the device has
     free, and time each such step that fit.
 
@@ -442,7 +465,7 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
 
 
 def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[Layout, ...]:
-    """Each unit's ``Layout``. Its layers nested (``Layout.nests``, only where plans take modes per region) are
+    """Each unit's ``Layout``. Its block layers (``Layout.nests``, only where plans take modes per region) are
     those whose parts are blocks of their own (a part with modules inside: C3k2's ``cv1``/``m.0``/``cv2``, Detect's
     branches), not a ``Conv``'s convolution and BatchNorm, which recomputed apart keep nothing less."""
     parts = model_parts(model) if mixed else {}
