@@ -260,9 +260,12 @@ class Choice:
         was traded)."""
         if not self.candidate.units:
             return []
-        rows = [f"{'plan':<48}{'FLOPs':>8}{'predicted s':>13}{'measured s':>12}{'predicted GB':>14}{'measured GB':>13}"]
+        listed = [*self.tried, *(Tried(a, None) for a in self.alternatives)]
+        w = max(48, *(len(describe(t.candidate)) + 2 for t in listed))  # per-unit modes make long names
+        rows = [f"{'plan':<{w}}{'FLOPs':>8}{'predicted s':>13}{'measured s':>12}{'predicted GB':>14}"
+                f"{'measured GB':>13}"]
         seen = set()
-        for t in [*self.tried, *(Tried(a, None) for a in self.alternatives)]:
+        for t in listed:
             c = t.candidate
             if (c.units, c.modes) in seen:
                 continue
@@ -272,7 +275,7 @@ class Choice:
             tried = any(x.candidate == c for x in self.tried)
             shown = f"{measured / 2**30:.3f}" if measured is not None else "over" if tried else "-"
             timed = f"{self.measured_seconds:.3f}" if mark and self.measured_seconds is not None else "-"
-            rows.append(f"{describe(c):<48}{1 + c.flops / self.base_flops:>7.3f}x{c.seconds:>13.3f}{timed:>12}"
+            rows.append(f"{describe(c):<{w}}{1 + c.flops / self.base_flops:>7.3f}x{c.seconds:>13.3f}{timed:>12}"
                         f"{c.predicted_bytes / 2**30:>14.3f}{shown:>13}{mark}")
         return rows
 
