@@ -23,6 +23,9 @@ where the bytes and the time of a selective plan are.
 Usage:
     python benchmarks/selective_policy.py                    # yolo11n.yaml 640 batch 4, 10 rounds
     python benchmarks/selective_policy.py --imgsz 320 --repeats 3
+
+Last, the floor: the least time any rule that recomputes whole ops needs to reach ``--target`` x vanilla's peak
+(``recompute_floor``), against the time target of 1.05x.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class _OpTimer(TorchDispatchMode):
         super().__init__()
         self.inside = False
         self.ops: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # MiB, ms, modelled
+        self.keepable: list[tuple[float, float]] = []  # (MiB, ms) of each op call whose output may be kept
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         t0 = time.perf_counter()
@@ -145,7 +149,23 @@ class _OpTimer(TorchDispatchMode):
             total[0] += mib
             total[1] += seconds * 1e3
             total[2] += recompute.recompute_cost(func, args, out) * mib
+            if mib and keep_all(ctx, func) == CheckpointPolicy.MUST_SAVE:
+                self.keepable.append((mib, seconds * 1e3))
         return out
+
+
+def recompute_floor(calls: list[tuple[float, float]], mib: float) -> float | None:
+    """The least forward time (ms) of op outputs adding up to ``mib``: the cheapest per byte first, the last in part
+    (a fractional knapsack over ``calls``' ``(MiB, ms)``). A lower bound on the recompute time of any rule that stops
+    keeping that many bytes: it recomputes whole ops, each at least once, and their inputs too where not kept.
+    ``None`` when all of them together are less."""
+    got = ms = 0.0
+    for size, t in sorted(calls, key=lambda c: c[1] / c[0]):
+        take = min(size, mib - got)
+        got, ms = got + take, ms + t * take / size
+        if got >= mib:
+            return ms
+    return None
 
 
 def _timed_forward(model: nn.Module, layers: list[nn.Module], data: dict) -> _OpTimer:
@@ -178,6 +198,7 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--target", type=float, default=0.65, help="peak ratio the floor is computed for")
     a = p.parse_args()
     torch.manual_seed(0)
     model = build_model(a.model)
@@ -191,7 +212,8 @@ def main() -> None:
         print(f"| {r['rule']} | {r['mem'].peak / 2**20:.0f} | {r['mem'].peak / base['mem'].peak:.3f} "
               f"| {r['mem'].saved / 2**20:.0f} | {r['flops'] / base['flops']:.3f} | {r['cpu'] / base['cpu']:.3f} "
               f"| {r['wall'] / base['wall']:.3f} |", flush=True)
-    ops = op_breakdown(model, a.imgsz, a.batch).ops
+    timer = op_breakdown(model, a.imgsz, a.batch)
+    ops = timer.ops
     kinds = sorted({k for _, k in ops}, key=lambda k: -ops[("all", k)][1])
     print("\nInside the regions, per op kind: outputs and forward time of a plain step; what each rule keeps "
           "(MiB) and recomputes (ms)\n")
@@ -208,6 +230,24 @@ def main() -> None:
     print("| **total** | | {:.1f} | | | ".format(sum(ops[("all", k)][1] for k in kinds))
           + " | ".join(f"{sum(ops[(n, k)][0] for k in kinds):.1f} | {sum(ops[(n, k)][1] for k in kinds):.1f}"
                        for n in RULES) + " |")
+    print_floor(timer.keepable, base, next(r for r in out if r["rule"] == "keep all"), a.target)
+
+
+def print_floor(calls: list[tuple[float, float]], base: dict, keep_all_row: dict, target: float) -> None:
+    """What stands between a peak of ``target`` x vanilla's and little extra time: a peak falls at most by the bytes
+    no longer kept, so the regions must stop keeping ``(1 - target)`` of vanilla's peak, and recomputing that many
+    bytes takes at least ``recompute_floor`` of the plain step's op times (wall-clock, as the ops were timed)."""
+    drop = (1 - target) * base["mem"].peak / 2**20
+    floor = recompute_floor(calls, drop)
+    machinery = keep_all_row["wall"] / base["wall"] - 1
+    if floor is None:
+        print(f"\nFloor: the regions' outputs add up to less than the {drop:.0f} MiB a peak of {target}x needs freed")
+        return
+    share = floor / 1e3 / base["wall"]
+    print(f"\nFloor at {target}x vanilla's peak: at least {drop:.0f} MiB no longer kept (a peak falls at most by "
+          f"that); the ops cheapest per byte that add up to it take {floor:.1f} ms to recompute, {share:.3f} of "
+          f"vanilla's step wall time: no rule of whole ops is under {1 + share:.3f}x, before the selective "
+          f"machinery's own {machinery:.3f} (keep all)")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,25 @@ def test_selective_policy_benchmark_prints_every_rule_and_op_kind():
     assert float(rows["cost"][1]) < 1 and float(rows["by name"][1]) < 1 and float(rows["cost + BatchNorm"][1]) < 1
     for op in ("convolution.default", "native_batch_norm.default", "max_pool2d_with_indices.default", "silu.default"):
         assert op in rows, op
+    assert "\nFloor at 0.65x vanilla's peak: at least " in out.stdout
+
+
+def test_the_recompute_floor_is_below_every_set_of_whole_ops():
+    """The floor (a fractional knapsack) against every subset of a few op calls: no subset that frees the bytes
+    recomputes in less time, and the best subset is reached when the bytes fit whole calls."""
+    import itertools
+    import random
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from selective_policy import recompute_floor
+
+    rng = random.Random(0)
+    calls = [(rng.uniform(1, 10), rng.uniform(0.1, 5)) for _ in range(8)]
+    for need in (0.5, 7.0, 20.0, 35.0):
+        floor = recompute_floor(calls, need)
+        subsets = [sum(t for _, t in s) for n in range(1, 9) for s in itertools.combinations(calls, n)
+                   if sum(m for m, _ in s) >= need]
+        assert floor is not None and floor <= min(subsets) + 1e-9, need
+    assert recompute_floor(calls, sum(m for m, _ in calls) + 1) is None
+    exact = sorted(calls, key=lambda c: c[1] / c[0])[:3]  # the three cheapest per byte, whole
+    assert abs(recompute_floor(calls, sum(m for m, _ in exact)) - sum(t for _, t in exact)) < 1e-9
