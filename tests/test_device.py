@@ -1,6 +1,7 @@
 """Memory decisions on a simulated device with a hard limit, measured by an independent exact tracker around them."""
 
 import logging
+import re
 from copy import deepcopy
 from pathlib import Path
 from types import SimpleNamespace
@@ -217,6 +218,9 @@ def test_auto_at_a_fixed_batch_plans_and_trains_within_the_device_share(detect_d
     chosen = yaml.safe_load((Path(r.trainer.save_dir) / "args.yaml").read_text())
     assert chosen["checkpoint_stages"] != "auto" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
     assert not r.escalated
+    planned = re.search(r"auto: planned in ([0-9.]+) s \((\d+) timed batch-1 steps: .*; (\d+) candidates measured at "
+                        r"batch 4\)", r.log)
+    assert planned and float(planned[1]) > 0 and int(planned[2]) > 6 and int(planned[3]) >= 1  # how long it took
 
 
 def test_auto_at_a_tight_share_trains_within_it(detect_data, tmp_path):

@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -615,6 +616,7 @@ class CheckpointMixin(DistributedMixin):
         less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB)" if loop else ""
         LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
                     f"{source}{less} at imgsz={imgsz}, {what}...")
+        start = time.perf_counter()
         try:
             if autobatch:
                 choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
@@ -630,6 +632,9 @@ class CheckpointMixin(DistributedMixin):
         how = "extrapolated from batches the device holds" if choice.extrapolated else "measured"
         capped = f" (capped to the {cap} training images)" if autobatch and choice.batch == cap == dataset_size else ""
         lines = [f"{PREFIX} {line}" for line in auto_report(choice, s["checkpoint_mode"], how, capped)]
+        lines.append(f"{PREFIX} auto: planned in {time.perf_counter() - start:.1f} s ({len(choice.costs.unit) + 1} "
+                     f"timed batch-1 steps: vanilla, and each unit alone in each of its modes; "
+                     f"{len(choice.tried)} candidates measured at batch {choice.batch})")
         if self.device.type == "cuda":
             lines.append(self._confirm_on_cuda(model, s, choice.batch, imgsz, objects, amp))
         return {"settings": s, "batch": choice.batch, "lines": lines}
