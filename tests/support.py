@@ -494,11 +494,17 @@ def train_pair(model: str, stages, data: str, project: Path, mode: str = "full",
     return train_run(model, data, project, "vanilla", **kw), train_run(model, data, project, "ckpt", ours, **kw)
 
 
-def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:
-    """Bit for bit the same run, and the plan's layers were recomputed in every step (the forward counts)."""
+def assert_plan_recomputed(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:
+    """The plan's regions were recomputed in every step: each layer region's layers (their forward counts), each part
+    region's convolutions (theirs)."""
     plan = CheckpointPlan.from_spec(model, stages, layers)
     recomputed = {i for r in plan.regions if not r.parts for i in r.layers}  # parts recompute inside their layer
     assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), recomputed)
     if plan.part_regions:
         assert_convs_recomputed(conv_counts(vanilla), conv_counts(ckpt), plan)
+
+
+def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:
+    """Bit for bit the same run, and the plan's regions were recomputed in every step (the forward counts)."""
+    assert_plan_recomputed(model, stages, vanilla, ckpt, layers)
     assert_same_run(vanilla, ckpt)

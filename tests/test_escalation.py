@@ -9,12 +9,12 @@ import ultralytics
 import yaml
 from ultralytics.utils import LOGGER
 
-from yolo_ckpt import YOLO, CheckpointPlan
+from yolo_ckpt import YOLO
 
 from support import (
     TRAIN_ARGS,
     add_counting,
-    assert_recomputed,
+    assert_plan_recomputed,
     assert_same_run,
     forward_counts,
     results,
@@ -45,9 +45,8 @@ def test_oom_escalates_the_plan_at_the_same_batch_and_trains_as_a_fresh_run(dete
     assert fresh_trainer.batch_size == ARGS["batch"] and fresh_trainer.args.checkpoint_stages == chosen[
         "checkpoint_stages"]
     assert_same_run(fresh, esc)
-    plan = CheckpointPlan.from_spec("yolo11n.yaml", chosen["checkpoint_stages"], chosen["checkpoint_layers"] or None)
-    layers = {i for r in plan.regions for i in r.layers}
-    assert_recomputed(forward_counts(plain), forward_counts(fresh), layers)  # the escalated plan recomputes
+    assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], plain, fresh,
+                           chosen["checkpoint_layers"] or None)  # the escalated plan recomputes
     # + the step that ran out and the probes on copies (a deep copy carries the counting hooks)
     assert all(e >= f for e, f in zip(forward_counts(esc), forward_counts(fresh))) and forward_counts(esc) != \
         forward_counts(fresh)
@@ -86,6 +85,6 @@ def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect
     chosen = {k: v for k, v in yaml.safe_load((esc / "args.yaml").read_text()).items() if k in KEYS}
     _, fresh = run(detect_data, tmp_path, "fresh", imgsz=160, **chosen)
     assert_same_run(fresh, esc)
-    plan = CheckpointPlan.from_spec("yolo11n.yaml", chosen["checkpoint_stages"], chosen["checkpoint_layers"] or None)
     _, plain = run(detect_data, tmp_path, "plain", imgsz=160, checkpoint_stages=[])
-    assert_recomputed(forward_counts(plain), forward_counts(fresh), {i for r in plan.regions for i in r.layers})
+    assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], plain, fresh,
+                           chosen["checkpoint_layers"] or None)
