@@ -73,6 +73,8 @@ HEAD = "head"  # the unit of every layer after the backbone that stores activati
 MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
+MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
+TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
 # A unit's mode, where the model's plans take a mode per region: its own regions' (``full``, ``selective``, or none)
 # and, for a unit with block layers, the mode of their parts (``Layout.nests``) as a unit of their own: each part a
 # region, nested inside the unit's regions (Chen's recursive scheme) or alone ("parts": the unit's other layers keep
@@ -85,10 +87,10 @@ NESTED = f"full+{PARTS}"  # a unit recomputed full, each part of its block layer
 def split_mode(mode: str) -> tuple[str | None, str | None]:
     """A unit mode's (regions' mode, parts' mode), ``None`` where not recomputed: ``"full+parts:selective"`` is
     ``("full", "selective")``, ``"parts"`` is ``(None, "full")``, ``"selective"`` is ``("selective", None)``."""
-    outer, _, parts = mode.rpartition(PARTS) if PARTS in mode else (mode, "", None)
-    return outer.rstrip("+") or None, None if parts is None else parts.lstrip(":") or "full"
-MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
-TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
+    outer, with_parts, parts = mode.partition(PARTS)
+    if not with_parts:
+        return mode, None
+    return outer.removesuffix("+") or None, parts.removeprefix(":") or "full"
 
 
 class NothingFits(ValueError):
@@ -178,9 +180,10 @@ class Candidate:
         items = []
         for u, m in zip(self.units, self.modes):
             outer, parts = split_mode(m)
-            items += [(a, 0, f"{a}{'' if a == b else f'-{b}'}{_suffix(outer)}") for a, b in where[u].ranges] if outer \
-                else []
-            items += [(i, 1, f"{i}.*{_suffix(parts)}") for i in where[u].nests] if parts else []
+            if outer:
+                items += [(a, 0, f"{a}{'' if a == b else f'-{b}'}{_suffix(outer)}") for a, b in where[u].ranges]
+            if parts:
+                items += [(i, 1, f"{i}.*{_suffix(parts)}") for i in where[u].nests]
         return [item for *_, item in sorted(items)]
 
     @property
