@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .measure import batch_bytes, planned_copy, probe_step, state_bytes
-from .planner import HEAD, MAX_MEASURED, Costs, escalations, measure_candidate, unit_costs
+from .planner import HEAD, MAX_MEASURED, NECK, Costs, escalations, measure_candidate, unit_costs
 from .stages import CheckpointPlan, model_stages
 
 
@@ -76,13 +76,14 @@ def keeps_least(settings: dict[str, Any], stages: list[int]) -> bool:
     return every and head and (settings.get("checkpoint_mode") or "full") == "full"
 
 
-def _units(model: nn.Module, settings: dict[str, Any]) -> tuple | None:
-    """The planner's units of ``settings`` (stages, then the head), or ``None`` for plans outside that space."""
+def _units(model: nn.Module, settings: dict[str, Any], costs: Costs) -> tuple | None:
+    """The planner's units of ``settings`` (stages, then neck and head for ``checkpoint_layers=head``), or ``None``
+    for plans outside that space."""
     layers = settings.get("checkpoint_layers")
     if layers not in (None, [], HEAD) and not (isinstance(layers, str) and layers.strip().lower() == HEAD):
         return None
     stages = CheckpointPlan.from_spec(model, settings.get("checkpoint_stages")).stages
-    return (*stages, *((HEAD,) if layers else ()))
+    return (*stages, *(u for u in costs.units if u in (NECK, HEAD) and layers))
 
 
 def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int, objects: int = 50,
@@ -105,7 +106,7 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
     """
     costs = costs or unit_costs(model, imgsz, objects, amp)
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
-    units = _units(model, settings)
+    units = _units(model, settings, costs)
     if units is not None and all(u in costs.units for u in units) and units:
         current = fixed + costs.predict(units, settings.get("checkpoint_mode") or "full", batch)[0]
     elif units == ():

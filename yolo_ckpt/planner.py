@@ -1,14 +1,16 @@
 """``checkpoint_stages=auto``: the plan with the least predicted step time whose measured training step fits a memory
 target.
 
-A candidate plan is a set of *units* — each backbone stage, and the head (``checkpoint_layers=head``), and inside each
-the parts of its block layers (C3k2's ``cv1``, ``m.0``, ``cv2``; SPPF's; Detect's branches per scale) — each
+A candidate plan is a set of *units* — each backbone stage, the neck and the head layer (together
+``checkpoint_layers=head``), and inside each the parts of its block layers (C3k2's ``cv1``, ``m.0``, ``cv2``; SPPF's;
+Detect's branches per scale) — each
 recomputed in its own mode: none, ``full`` or ``selective``. A unit's parts recomputed inside its recomputed regions
 are recomputed again during the unit's recompute, which then holds one part's activations instead of the layer's
 (Chen's recursive scheme); recomputed alone, they keep the unit's other layers' tensors and each part's input. A unit
 and its parts are measured together, as one mode of ``UNIT_MODES`` (``"full+parts:selective"``: the stage full, each
 part of it selective inside), since what the parts save depends on what holds them. Where the model's plans take no
-mode per region (``per_region_modes``), one of ``full``/``selective`` for all units. Each unit is measured once per
+mode per region (``per_region_modes``), one of ``full``/``selective`` for all units, neck and head layer together.
+Each unit is measured once per
 mode, alone, in a training step at batch 1 on a copy of the model: the bytes it stops keeping for backward, the peak
 of the step's backward from the moment it reaches the unit, the FLOPs its recompute adds, and — once that bounded step
 fit — its time on the run's device (a few timed steps of the same copy and batch), whose excess over the vanilla
@@ -69,7 +71,8 @@ from .measure import (
 from .recompute import MODES
 from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages
 
-HEAD = "head"  # the unit of every layer after the backbone that stores activations (``checkpoint_layers=head``)
+HEAD = "head"  # the unit of the model's last layer (Detect, Segment, Classify, RTDETRDecoder, ...)
+NECK = "neck"  # the unit of the layers between backbone and head layer that store activations (where there are any)
 MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
@@ -105,7 +108,7 @@ class Layout(NamedTuple):
     """Where a unit sits in the model, for settings that name its regions one by one.
 
     Attributes:
-        unit (Any): A stage number or ``"head"``.
+        unit (Any): A stage number, ``"neck"`` or ``"head"``.
         ranges (tuple): Its layer regions as ``(first, last)`` pairs.
         nests (tuple): Its block layers, whose parts (``stages.model_parts``) are blocks of their own (``_layout``):
             the unit's ``+parts`` modes recompute each part of them as a region of its own (inside the unit's
@@ -123,13 +126,14 @@ class Candidate:
     time at the run's batch.
 
     Attributes:
-        units (tuple): Stage numbers, and ``"head"`` last if the head is recomputed; ``()`` is vanilla.
+        units (tuple): Stage numbers, then ``"neck"`` and ``"head"`` where recomputed; ``()`` is vanilla.
         modes (tuple): Each unit's mode (one of ``UNIT_MODES``), in the order of ``units``; a single mode given as a
             string applies to every unit.
         flops (int): Convolution/matmul FLOPs the recompute adds to a step at the run's batch.
         predicted_bytes (int): Vanilla step bytes at the run's batch minus the units' measured savings.
-        head (tuple): The head's layer regions as ``[first, last]`` ranges, resolved once per model (``Costs.head``):
-            ``checkpoint_layers=head`` finds them with a training-mode dry run, which planning copies need not repeat.
+        head (tuple): The regions of ``checkpoint_layers=head`` (neck and head layer) as ``[first, last]`` ranges,
+            resolved once per model (``Costs.head``): the keyword finds them with a training-mode dry run, which
+            planning copies need not repeat.
         seconds (float): Predicted step time at the run's batch (``Costs.predict_seconds``).
         layout (tuple | None): ``Layout`` of every unit of the model (``Costs.layout``): where the settings of a plan
             with per-unit modes cut its regions.
@@ -160,17 +164,25 @@ class Candidate:
     def settings(self) -> dict:
         """The training arguments of this plan.
 
-        One mode of ``MODES``: those keys as a user writes them (``checkpoint_stages``, ``checkpoint_layers=head``,
-        ``checkpoint_mode``). Otherwise every region in ``checkpoint_layers``: each unit's layer ranges with its mode
-        as a suffix where it is not ``full`` (``"0-2:selective"``), and where its parts are recomputed each part of
-        its block layers (``"2.*"``, ``"2.*:selective"``), inside those ranges when they are recomputed too
-        (``per_region_modes``: only such models get these plans).
+        One mode of ``MODES``: those keys as a user writes them (``checkpoint_stages``, ``checkpoint_layers=head``
+        for neck and head layer, or the regions of the one of them recomputed, ``checkpoint_mode``). Otherwise every
+        region in ``checkpoint_layers``: each unit's layer ranges with its mode as a suffix where it is not ``full``
+        (``"0-2:selective"``), and where its parts are recomputed each part of its block layers (``"2.*"``,
+        ``"2.*:selective"``), inside those ranges when they are recomputed too (``per_region_modes``: only such models
+        get these plans).
         """
         if self.mode in MODES:
-            stages = [u for u in self.units if u != HEAD]
-            return {"checkpoint_stages": stages, "checkpoint_layers": HEAD if HEAD in self.units else [],
-                    "checkpoint_mode": self.mode}
+            stages = [u for u in self.units if isinstance(u, int)]
+            return {"checkpoint_stages": stages, "checkpoint_layers": self._head_layers(), "checkpoint_mode": self.mode}
         return {"checkpoint_stages": [], "checkpoint_layers": self._items(), "checkpoint_mode": "full"}
+
+    def _head_layers(self) -> str | list:
+        """``checkpoint_layers`` of a one-mode plan: ``head`` when it recomputes every unit after the backbone (or,
+        without a layout, the head unit), else the ranges of those it recomputes."""
+        after = [w for w in self.layout or () if not isinstance(w.unit, int)]
+        if all(w.unit in self.units for w in after) if after else HEAD in self.units:
+            return HEAD
+        return [list(r) for w in after if w.unit in self.units for r in w.ranges]
 
     def _items(self) -> list[str]:
         """Every unit's regions as ``checkpoint_layers`` strings, in layer order."""
@@ -191,10 +203,8 @@ class Candidate:
         """``(checkpoint_stages, checkpoint_mode, checkpoint_layers)`` as ``planned_copy`` installs it: the head's
         resolved ranges where known."""
         s = self.settings
-        if self.mode not in MODES:
-            return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"]
-        if HEAD not in self.units:
-            return s["checkpoint_stages"], s["checkpoint_mode"], None
+        if self.mode not in MODES or s["checkpoint_layers"] != HEAD:
+            return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"] or None
         head = [list(r) for r in self.head] if self.head is not None else HEAD
         return s["checkpoint_stages"], s["checkpoint_mode"], head
 
@@ -294,8 +304,8 @@ def describe(c: Candidate) -> str:
 
 
 def _describe_units(units: tuple, mode: str) -> str:
-    stages = [u for u in units if u != HEAD]
-    parts = ([f"stages {stages}"] if stages else []) + (["head"] if HEAD in units else [])
+    stages = [u for u in units if isinstance(u, int)]
+    parts = ([f"stages {stages}"] if stages else []) + [u for u in (NECK, HEAD) if u in units]
     return " + ".join(parts) + (f" {mode}" if mode != "full" else "") if parts else "none"
 
 
@@ -355,8 +365,8 @@ class Costs:
     """Measured at batch 1, plain and per unit alone (per ``(unit, mode)``).
 
     Attributes:
-        units (list): Stage numbers in forward order, then ``"head"`` (units whose batch-1 step did not fit the device
-            are left out).
+        units (list): Stage numbers in forward order, then ``"neck"`` (where the model has one) and ``"head"``
+            (units whose batch-1 step did not fit the device are left out).
         plain (Phases): The vanilla step.
         unit (dict): ``(unit, mode) -> Phases`` with only that unit recomputed.
         grads (int): Bytes of the parameter gradients, which backward peaks hold at most and which no batch scales.
@@ -373,6 +383,14 @@ class Costs:
     head: tuple | None = None
     layout: tuple | None = None
     mixed: bool = False
+
+    def groups(self) -> list[tuple]:
+        """The units plans recompute or not together: each alone where units take modes of their own; in one mode
+        for all, neck and head layer together, as ``checkpoint_layers=head`` (their plans are the user's keys)."""
+        after = tuple(u for u in self.units if u in (NECK, HEAD))
+        if self.mixed or not after:
+            return [(u,) for u in self.units]
+        return [(u,) for u in self.units if u not in after] + [after]
 
     def modes_of(self, unit: Any) -> tuple[str, ...]:
         """The modes ``unit`` was measured in (those with its parts only where it has block layers)."""
@@ -450,15 +468,15 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
         ValueError: When not even the plain step at batch 1 fits the device.
     """
     stages = model_stages(model)
-    units = [*sorted(stages), HEAD]
     head = tuple((r[0], r[-1]) for r in CheckpointPlan.from_spec(model, [], HEAD).layer_regions)
     mixed = per_region_modes(model)
     layout = _layout(model, stages, head, mixed)
-    nests = {w.unit: w.nests for w in layout}
+    units = [w.unit for w in layout]
+    where = {w.unit: w for w in layout}
     costs = {}
-    for unit, mode in [(None, "full"), *((u, m) for u in units for m in UNIT_MODES if m in MODES or nests[u])]:
+    for unit, mode in [(None, "full"), *((u, m) for u in units for m in UNIT_MODES if m in MODES or where[u].nests)]:
         c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout)
-        last = stages[unit][-1] if isinstance(unit, int) else None  # the head: its backward starts the step's
+        last = where[unit].ranges[-1][1] if unit not in (None, HEAD) else None  # the head: its backward is first
         if (phases := _unit_phases(model, c, imgsz, objects, amp, last)) is not None:
             costs[(unit, mode)] = phases
         elif unit is None:
@@ -483,7 +501,9 @@ def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[L
     def nests(ranges: tuple) -> tuple[int, ...]:
         return tuple(i for a, b in ranges for i in range(a, b + 1) if composite(i))
 
-    spans = [(k, ((layers[0], layers[-1]),)) for k, layers in sorted(stages.items())] + [(HEAD, head)]
+    spans = [(k, ((layers[0], layers[-1]),)) for k, layers in sorted(stages.items())]
+    spans += [(NECK, head[:-1])] if len(head) > 1 else []  # the head layer is the last region of the keyword's
+    spans += [(HEAD, head[-1:])]
     return tuple(Layout(u, ranges, nests(ranges)) for u, ranges in spans)
 
 
@@ -497,16 +517,18 @@ def _mode_choices(costs: Costs, units: tuple) -> Iterator[tuple]:
 
 def space_size(costs: Costs) -> int:
     """How many candidate plans ``costs``' units make: each unit off or in one of its modes (with per-unit modes),
-    else every set of units in each of ``MODES``."""
+    else every set of ``Costs.groups`` in each of ``MODES``."""
     if costs.mixed:
         return math.prod(1 + len(costs.modes_of(u)) for u in costs.units) - 1
-    return len(MODES) * (2 ** len(costs.units) - 1)
+    return len(MODES) * (2 ** len(costs.groups()) - 1)
 
 
 def _every_plan(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
     """``(units, modes)`` of every candidate plan."""
-    for n in range(1, len(costs.units) + 1):
-        for subset in itertools.combinations(costs.units, n):
+    groups = costs.groups()
+    for n in range(1, len(groups) + 1):
+        for chosen in itertools.combinations(groups, n):
+            subset = tuple(u for g in chosen for u in g)
             for modes in _mode_choices(costs, subset):
                 yield subset, modes
 
@@ -553,14 +575,17 @@ def _front_plans(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
     p = costs.plain
     for only in [None] if costs.mixed else MODES:  # one mode for all: a front per mode
         plans = [_Partial((), (), 0, 0.0, 0, -(2**62))]
-        for u in costs.units:
+        for g in costs.groups():  # more than one unit only in one mode for all
             grown = list(plans)
             for q in plans:
-                for m in costs.modes_of(u) if only is None else (only,):
-                    ph = costs.unit[(u, m)]
-                    grown.append(_Partial((*q.units, u), (*q.modes, m), q.saved + p.kept - ph.kept,
-                                          q.seconds + max(ph.seconds - p.seconds, 0.0), q.flops + ph.flops - p.flops,
-                                          max(q.window, ph.window - q.saved)))
+                for m in costs.modes_of(g[0]) if only is None else (only,):
+                    r = q
+                    for u in g:
+                        ph = costs.unit[(u, m)]
+                        r = _Partial((*r.units, u), (*r.modes, m), r.saved + p.kept - ph.kept,
+                                     r.seconds + max(ph.seconds - p.seconds, 0.0), r.flops + ph.flops - p.flops,
+                                     max(r.window, ph.window - r.saved))
+                    grown.append(r)
             plans = _undominated(grown)
         yield from ((q.units, q.modes) for q in plans if q.units)
 
