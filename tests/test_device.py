@@ -27,7 +27,7 @@ from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_byte
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
 
-from support import SMALL, TRAIN_ARGS, auto_budget, results
+from support import SMALL, TRAIN_ARGS, auto_budget, loop_batches, measured_step, results
 
 IMGSZ = 128
 
@@ -234,8 +234,8 @@ def test_auto_at_a_tight_share_trains_within_it(detect_data, tmp_path):
 def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages, fraction):
     """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
     included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
-    plan's batch is the largest whose step fits."""
-    from yolo_ckpt.measure import planned_copy, step_bytes
+    plan's batch is the largest whose step, with the training loop's other batches, fits."""
+    from yolo_ckpt.measure import planned_copy
 
     device = device_bytes(detect_data, 2.0) * 5 // 6
     r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
@@ -245,7 +245,31 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     if stages != "auto":
         objects = r.trainer._objects()
         with planned_copy(unwrap_model(r.trainer.model), stages) as m:  # the run's classes and frozen layers
-            assert step_bytes(m, RUN["imgsz"], b, objects) <= share < step_bytes(m, RUN["imgsz"], b + 1, objects)
+            held = [measured_step(m, RUN["imgsz"], n, objects) + loop_batches(m, RUN["imgsz"], n, objects)
+                    for n in (b, b + 1)]
+            assert held[0] <= share < held[1]
+
+
+def test_autobatch_leaves_room_for_the_loops_other_batches(detect_data, tmp_path):
+    """``batch=-1`` with the whole network recomputed on a device whose 60% holds batch 8's step (measured here with
+    a fresh tracker) but not the loader's uint8 images and the previous batch beside it: the batch planned trains its
+    real epoch within the share (planned for the step alone, batch 8's epoch passed it). The whole network, so that
+    the peak is a recompute in backward: where it is in the loss, the planned step's mosaic count of labels (x4)
+    leaves more room than the loop's batches take."""
+    b, imgsz, plan = 8, RUN["imgsz"], {"checkpoint_stages": "all", "checkpoint_layers": "head"}
+    data = yaml.safe_load(Path(detect_data).read_text())
+    labels = (Path(detect_data).parent / "labels" / "train").glob("*.txt")
+    objects = 4 * max(len(f.read_text().splitlines()) for f in labels)  # mosaic, as the trainer counts
+    model = DetectionModel("yolo11n.yaml", nc=len(data["names"]), verbose=False).train()
+    model.args = get_cfg()
+    with planned_copy(model, plan["checkpoint_stages"], "full", plan["checkpoint_layers"]) as m:
+        step, loop = measured_step(m, imgsz, b, objects), loop_batches(m, imgsz, b, objects)
+    device = int((step + loop // 2) / 0.6)
+    r = sim_run(detect_data, tmp_path, "loop", batch=-1, simulate_gpu=f"{device}B", **plan)
+    share = r.trainer.memory_target
+    assert share == int(0.6 * device) and 0 < r.epoch <= share, (r.epoch, share)
+    assert 1 < r.batch < b and 0 < r.planning <= share and not r.escalated
+    assert "the training loop's other batches" in r.log
 
 
 def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(detect_data, tmp_path):

@@ -56,6 +56,7 @@ from .measure import (
     FlopCount,
     batch_bytes,
     grad_bytes,
+    loop_bytes,
     planned_copy,
     probe_step,
     state_bytes,
@@ -573,8 +574,9 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
     """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``.
 
     ``None``: the probe stopped at its limit, so the plan does not fit. When the device holds less than ``target``,
-    the step is ``plan_batch``'s, up to ``batch``, extrapolated from batches the device holds. ``target=None``: what
-    the device holds now is the target (escalation, with the training state resident).
+    the step is ``plan_batch``'s, up to ``batch``, extrapolated from batches the device holds. ``target`` is step
+    bytes (the caller takes the training loop's other batches off it); ``target=None``: what the device holds now is
+    the target (escalation, with the training state resident).
     """
     with c.copy(model) as m:
         room = probe_room(m, 2**62 if target is None else target)
@@ -586,7 +588,7 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
             got = probe_step(m, imgsz, batch, objects, amp, room.limit)
             return got, False
         try:
-            p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp)
+            p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp, loop=False)
         except ValueError:
             return None, False
         return (p.measured_bytes if p.batch >= batch else None), p.extrapolated
@@ -705,7 +707,9 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     the training images), then the fastest plan (least predicted step time) that fits at that batch.
 
     The plans predicted to keep about the least are measured at the batch the first of them allows; the one measured
-    to keep the least sets the batch (``plan_batch``).
+    to keep the least sets the batch (``plan_batch``). At every batch the training loop's other batches
+    (``measure.loop_bytes``) count against the share, as ``plan_batch`` counts them: the choice's ``target_bytes``
+    is the share less them, at its batch, as for a fixed batch.
 
     Raises:
         ValueError: When not even batch 1 fits with the plan that keeps the least.
@@ -720,6 +724,9 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
             return plan_batch(m, imgsz=imgsz, budget=budget, fraction=fraction, max_batch=max_batch, objects=objects,
                               amp=amp)
 
+    def step_target(batch: int) -> int:  # the share less the loop's other batches at ``batch``
+        return target - loop_bytes(model, imgsz, batch, objects)
+
     try:
         first = largest(near[0])
     except ValueError:
@@ -727,13 +734,16 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
                          f"imgsz {imgsz} with {describe(near[0])}") from None
     sizes = {}  # the plans predicted to keep about the least, measured at that batch: the least sets the batch
     for c in near:
-        got, _ = measure_candidate(model, c, imgsz, first.batch, target, costs, objects, amp)
+        got, _ = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), costs, objects, amp)
         if got is not None:
             sizes[c] = got
     least = min(sizes, key=lambda c: (sizes[c], c.seconds)) if sizes else near[0]
     best = first if least == near[0] or first.batch >= max_batch else max(first, largest(least),
                                                                            key=lambda b: b.batch)
-    return choose_plan(model, imgsz, best.batch, best.target_bytes, objects, amp, costs)
+    try:
+        return choose_plan(model, imgsz, best.batch, step_target(best.batch), objects, amp, costs)
+    except NothingFits as e:  # what the share must hold for it: its step and the loop's batches at that batch
+        raise NothingFits(str(e), e.needed + target - step_target(best.batch)) from None
 
 
 def escalations(costs: Costs, current: int, batch: int, fixed: int) -> list[Candidate]:
