@@ -1,5 +1,6 @@
 """Memory decisions on a simulated device with a hard limit, measured by an independent exact tracker around them."""
 
+import dataclasses
 import logging
 from copy import deepcopy
 from pathlib import Path
@@ -166,6 +167,38 @@ def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch):
         with pytest.raises(ValueError, match=f"a training step at batch 1, imgsz {big} does not fit the device"):
             unit_costs(model, big)
     assert not timed and outside.peak <= gpu.limit
+
+
+def test_escalation_leaves_room_for_the_loops_other_batches():
+    """Out of memory at batch 4 with stage 2: the next plan, measured on a copy on the simulated device beside the
+    training model and its EMA, fits with the training loop's other batches: its step (a fresh tracker) and those
+    batches (real batch sizes) within the device, on a device where the plan escalation tries first fits without them
+    (by half of them, more than the planning copy's weights), not with them."""
+    from yolo_ckpt.escalation import next_plan
+
+    model, imgsz, batch = small_model(), 2 * IMGSZ, 4
+    failed = {"checkpoint_stages": [2], "checkpoint_layers": [], "checkpoint_mode": "full"}
+    costs = unit_costs(model, imgsz)
+    untimed = dict(seconds=0.0)  # plans ranked by FLOPs: the order must not hang on how busy this machine is
+    costs = dataclasses.replace(costs, plain=dataclasses.replace(costs.plain, **untimed),
+                                unit={k: dataclasses.replace(v, **untimed) for k, v in costs.unit.items()})
+
+    def held(settings: dict) -> tuple[int, int]:  # a plan's step at the batch, and the loop's batches beside it
+        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
+                          settings["checkpoint_layers"] or None) as m:
+            return measured_step(m, imgsz, batch), loop_batches(m, imgsz, batch)
+
+    first, _ = next_plan(model, failed, imgsz, batch, costs=costs)  # no device: the first plan it tries fits
+    step, loop = held(first)
+    assert loop > 2 * weight_bytes(model)  # else the planning copy's own weights would leave room for them anyway
+    device = step + weight_bytes(model) + loop // 2
+    with LiveTensorTracker() as outside, SimulatedDevice(device) as gpu:
+        gpu.track([*model.parameters(), *model.buffers()])
+        ema = deepcopy(model)  # resident on the device, as the trainer's EMA
+        settings, measured = next_plan(model, failed, imgsz, batch, costs=costs)
+        del ema
+    assert outside.peak <= device and sum(held(settings)) <= device, (held(settings), device)
+    assert measured is not None and settings != first
 
 
 # ------------------------------------------------------------------------ training on a simulated device

@@ -3,7 +3,9 @@
 Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) halves the batch on any out-of-memory error and
 restarts the epoch. A run that checkpoints can usually keep its batch by recomputing more instead: ``next_plan``
 finds the cheapest plan predicted to keep less than the one that failed and measures it at the same batch on a copy,
-within what the device has free once the failed step is released; only when no plan keeps less is the batch halved.
+within what the device has free once the failed step is released, less what the restarted epoch needs beside the
+step (the optimizer's moments, the training loop's other batches: ``measure.loop_bytes``); only when no plan keeps
+less is the batch halved.
 
 A restart after an escalation is the run a user would have started with the new plan: ``Snapshot`` keeps what the
 failed step changed before any optimizer step (BatchNorm buffers, the random generators' states) and puts it back.
@@ -88,8 +90,9 @@ def _units(model: nn.Module, settings: dict[str, Any]) -> tuple | None:
 def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int, objects: int = 50,
               amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[dict[str, Any], int | None]:
     """Where a run that ran out of memory at ``batch`` with ``settings`` goes: the cheapest plan predicted to keep less
-    whose step at ``batch`` fits what the device has free now (measured on copies), or, when none is measured to fit,
-    the plan that keeps the least (unmeasured: the next out-of-memory error then halves the batch).
+    whose step at ``batch`` fits what the device has free now less the training loop's other batches (measured on
+    copies; ``planner.measure_candidate``), or, when none is measured to fit, the plan that keeps the least
+    (unmeasured: the next out-of-memory error then halves the batch).
 
     Args:
         model: The training model (plan installed or not); copies are measured, it never runs.

@@ -575,13 +575,16 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
 
     ``None``: the probe stopped at its limit, so the plan does not fit. When the device holds less than ``target``,
     the step is ``plan_batch``'s, up to ``batch``, extrapolated from batches the device holds. ``target`` is step
-    bytes (the caller takes the training loop's other batches off it); ``target=None``: what the device holds now is
-    the target (escalation, with the training state resident).
+    bytes (the caller takes the training loop's other batches off it); ``target=None``: what the device holds now,
+    less the optimizer's moments and the training loop's other batches at ``batch``, is the target (escalation, with
+    the training state resident).
     """
     with c.copy(model) as m:
         room = probe_room(m, 2**62 if target is None else target)
         if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
-            free = None if room.device is None else room.device - 2 * grad_bytes(m)
+            # and for the training loop's other batches, released with the failed step (``measure.loop_bytes``)
+            less = 2 * grad_bytes(m) + loop_bytes(m, imgsz, batch, objects)
+            free = None if room.device is None else room.device - less
             room = ProbeRoom(free if free is not None else room.target, free)
             target = room.target
         if room.device is None or room.device >= target:

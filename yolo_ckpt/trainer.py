@@ -712,7 +712,8 @@ class CheckpointMixin(DistributedMixin):
         enable_checkpointing(model, plan, settings["checkpoint_mode"])
         self._record_settings()
         before = CheckpointPlan.from_spec(model, old["checkpoint_stages"], old["checkpoint_layers"] or None)
-        how = (f"its step measured {measured / 2**30:.3f} GB, within what the device has free" if measured is not None
+        how = (f"its step measured {measured / 2**30:.3f} GB, within what the device has free less the training "
+               f"loop's other batches" if measured is not None
                else "none was measured to fit, so the plan that keeps the least; if it runs out too, the batch halves")
         LOGGER.warning(f"{PREFIX} out of memory at batch {self.batch_size} with "
                        f"{before.describe(old['checkpoint_mode'] or 'full')}: escalated to "
