@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .measure import batch_bytes, planned_copy, probe_step, state_bytes
-from .planner import HEAD, MAX_MEASURED, Costs, escalations, measure_candidate, unit_costs
+from .measure import batch_bytes, planned_copy, state_bytes
+from .planner import HEAD, MAX_MEASURED, Costs, escalations, measure_candidate, measure_copy, unit_costs
 from .stages import CheckpointPlan, model_stages
 
 
@@ -113,13 +113,13 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
         current = fixed + costs.predict(units, settings.get("checkpoint_mode") or "full", batch)[0]
     elif units == ():
         current = fixed + costs.predict((), "full", batch)[0]
-    else:  # a plan of layer lists: its own batch-1 step, scaled to the batch as planning predicts
+    else:  # a plan outside the units (layer lists, parts): its own step at the batch, measured as candidates are
+        # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px put a
+        # plan of parts above stage 1 alone, which keeps more)
         with planned_copy(model, settings.get("checkpoint_stages"), settings.get("checkpoint_mode") or "full",
                           settings.get("checkpoint_layers") or None) as m:
-            one = probe_step(m, imgsz, 1, objects, amp)
-        # batch 1 not on the device either: every plan in the planner's space may keep less
-        current = 2**62 if one is None else fixed + batch * (one - state_bytes(model) -
-                                                             batch_bytes(model, imgsz, 1, objects))
+            got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
+        current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
         got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
         if got is not None:

@@ -572,7 +572,16 @@ def vanilla(costs: Costs, batch: int, fixed: int) -> Candidate:
 
 def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, costs: Costs,
                       objects: int = 50, amp: torch.dtype | None = None) -> tuple[int | None, bool]:
-    """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``.
+    """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``
+    (``measure_copy`` on ``c.copy(model)``)."""
+    with c.copy(model) as m:
+        return measure_copy(m, imgsz, batch, target, objects, amp)
+
+
+def measure_copy(m: nn.Module, imgsz: int, batch: int, target: int | None, objects: int = 50,
+                 amp: torch.dtype | None = None) -> tuple[int | None, bool]:
+    """The step at ``batch`` of a planning copy ``m`` (any plan installed), within the target and the device:
+    ``(bytes or None, extrapolated)``.
 
     ``None``: the probe stopped at its limit, so the plan does not fit. When the device holds less than ``target``,
     the step is ``plan_batch``'s, up to ``batch``, extrapolated from batches the device holds. ``target`` is step
@@ -580,22 +589,21 @@ def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, ta
     less the optimizer's moments and the training loop's other batches at ``batch``, is the target (escalation, with
     the training state resident).
     """
-    with c.copy(model) as m:
-        room = probe_room(m, 2**62 if target is None else target)
-        if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
-            # and for the training loop's other batches, released with the failed step (``measure.loop_bytes``)
-            less = 2 * grad_bytes(m) + loop_bytes(m, imgsz, batch, objects)
-            free = None if room.device is None else room.device - less
-            room = ProbeRoom(free if free is not None else room.target, free)
-            target = room.target
-        if room.device is None or room.device >= target:
-            got = probe_step(m, imgsz, batch, objects, amp, room.limit)
-            return got, False
-        try:
-            p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp, loop=False)
-        except ValueError:
-            return None, False
-        return (p.measured_bytes if p.batch >= batch else None), p.extrapolated
+    room = probe_room(m, 2**62 if target is None else target)
+    if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
+        # and for the training loop's other batches, released with the failed step (``measure.loop_bytes``)
+        less = 2 * grad_bytes(m) + loop_bytes(m, imgsz, batch, objects)
+        free = None if room.device is None else room.device - less
+        room = ProbeRoom(free if free is not None else room.target, free)
+        target = room.target
+    if room.device is None or room.device >= target:
+        got = probe_step(m, imgsz, batch, objects, amp, room.limit)
+        return got, False
+    try:
+        p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp, loop=False)
+    except ValueError:
+        return None, False
+    return (p.measured_bytes if p.batch >= batch else None), p.extrapolated
 
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
