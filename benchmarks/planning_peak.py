@@ -1,7 +1,8 @@
 """Exact peak memory of ``memory_budget`` planning itself, next to the share it plans for.
 
 Runs README's budget example — yolo11n, all stages, ``batch=-1 memory_budget=2GB``, 640 px, the embedded dataset — and
-tracks every live tensor byte (the training model's own weights included) while Ultralytics' trainer runs AutoBatch.
+tracks every live tensor byte (the training model's own weights included) while Ultralytics' trainer runs AutoBatch;
+then prints the batch and the exact peak of the epoch at that batch (results.csv).
 
 Usage:
     python benchmarks/planning_peak.py
@@ -11,6 +12,7 @@ Usage:
 import argparse
 import ast
 import tempfile
+from pathlib import Path
 
 from ultralytics.utils.torch_utils import unwrap_model
 
@@ -47,8 +49,11 @@ def main() -> None:
                 plots=False, val=False, project=tempfile.mkdtemp(prefix="planning_peak_"))
     share = (0.6 if a.fraction == -1 else a.fraction) * parse_memory(a.budget)
     peak = model.trainer.planning_peak
+    rows = (Path(model.trainer.save_dir) / "results.csv").read_text().splitlines()
+    epoch = dict(zip([c.strip() for c in rows[0].split(",")], rows[1].split(",")))["mem/peak_tensor_GB"]
     print(f"\nplanning peak {peak / 2**30:.3f} GB of a {share / 2**30:.3f} GB share ({peak / share:.2f}x), "
-          f"batch {model.trainer.batch_size} ({model.trainer.autobatch_without} without checkpointing)")
+          f"batch {model.trainer.batch_size} ({model.trainer.autobatch_without} without checkpointing); the epoch "
+          f"at that batch peaked at {float(epoch):.3f} GB")
 
 
 if __name__ == "__main__":

@@ -463,6 +463,15 @@ def measured_step(model, imgsz, batch, objects=50) -> int:
     return state_bytes(model) + t.peak
 
 
+def loop_batches(model, imgsz, batch, objects=50) -> int:
+    """An independent count of the batches Ultralytics' training loop holds beside the one a step trains on (README,
+    Limitations): the loader's uint8 images, and one more batch as the step gets it, from the real tensors of a
+    batch of that size (``training_batch``), not from planning's arithmetic."""
+    data = training_batch(model, imgsz, batch, objects)
+    uint8 = torch.zeros(data["img"].shape, dtype=torch.uint8)  # what the loader collates before preprocess_batch
+    return uint8.untyped_storage().nbytes() + sum(t.untyped_storage().nbytes() for t in data.values())
+
+
 def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> str:
     """A ``memory_budget`` whose 60% (auto's share) is ``share`` of a vanilla step at this batch, on top of the model
     state and the batch; below 1 vanilla does not fit. Steps carry the dataset's objects as the trainer counts them."""

@@ -1,10 +1,10 @@
 """``checkpoint_stages=auto`` with AutoBatch through the RT-DETR, semantic segmentation and depth trainers.
 
-The budget is set from steps measured here with a fresh exact tracker, on the model Ultralytics' own trainer of the
-task builds (the dataset's classes, its AutoBatch's label count), so that vanilla does not fit and the whole network
-does. What training then does is compared with the independent references: those measured steps, the exact memory
-of the real epoch, and vanilla Ultralytics with its own AutoBatch finding the batch planning gave, bit for bit with
-forward counts.
+The budget is set from steps measured here with a fresh exact tracker, beside them the batches Ultralytics' loop
+holds (counted from real batches), on the model Ultralytics' own trainer of the task builds (the dataset's classes,
+its AutoBatch's label count), so that vanilla does not fit and the whole network does. What training then does is
+compared with the independent references: those measured steps, the exact memory of the real epoch, and vanilla
+Ultralytics with its own AutoBatch finding the batch planning gave, bit for bit with forward counts.
 """
 
 from pathlib import Path
@@ -22,6 +22,7 @@ from yolo_ckpt.trainer import saved_settings
 from support import (
     RTDETR_TINY,
     assert_same_training,
+    loop_batches,
     measured_step,
     results,
     train_run,
@@ -62,8 +63,11 @@ def test_auto_with_autobatch_trains_like_vanilla(name, detect_data, tmp_path):
         name = str(tmp_path / name)
     data = detect_data if write is None else write(tmp_path / "data", size=imgsz, images={"train": 4, "val": 2})
     model, objects = ultralytics_model(name, data, imgsz, fraction, tmp_path / "probe")
-    vanilla_1, whole_1 = (measured_step(with_plan(model, *plan), imgsz, 1, objects)
-                          for plan in (([],), ("all", "full", "head")))
+
+    def held(plan: tuple, b: int) -> int:  # the plan's step at b, and the training loop's other batches beside it
+        return measured_step(with_plan(model, *plan), imgsz, b, objects) + loop_batches(model, imgsz, b, objects)
+
+    vanilla_1, whole_1 = (held(plan, 1) for plan in (([],), ("all", "full", "head")))
     assert whole_1 < vanilla_1
     share = (vanilla_1 + whole_1) // 2  # vanilla does not fit even one image; the whole network does
     budget = f"{int(share / 0.6) + 1}B"  # batch=-1: 60% of memory_budget
@@ -78,10 +82,9 @@ def test_auto_with_autobatch_trains_like_vanilla(name, detect_data, tmp_path):
     assert 1 <= batch <= 4 and plan["checkpoint_stages"] != "auto"
     assert {k: saved_settings(last)[k] for k in PLAN_KEYS} == plan  # resume continues with the chosen plan
 
-    # the chosen plan's step at that batch fits the share, measured again here; vanilla's does not
-    assert measured_step(with_plan(model, plan["checkpoint_stages"], plan["checkpoint_mode"],
-                                   plan["checkpoint_layers"] or None), imgsz, batch, objects) <= share
-    assert measured_step(with_plan(model, []), imgsz, batch, objects) > share
+    # the chosen plan's step at that batch with the loop's batches fits the share, measured again here; vanilla's not
+    assert held((plan["checkpoint_stages"], plan["checkpoint_mode"], plan["checkpoint_layers"] or None), batch) <= share
+    assert held(([],), batch) > share
     # the real epoch, every tensor of the training process tracked, stayed inside the share too
     assert 0 < float(results(ckpt)[0]["mem/peak_tensor_GB"]) * 2**30 <= share
 

@@ -25,8 +25,9 @@ import yaml
 from torch._dynamo.backends.debugging import aot_eager
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
+from ultralytics.utils.torch_utils import unwrap_model
 
-from yolo_ckpt import TRAINERS, CheckpointPlan, enable_checkpointing
+from yolo_ckpt import TRAINERS, CheckpointPlan, checkpoint_plan, enable_checkpointing
 from yolo_ckpt.measure import training_batch
 
 from support import TINY, TRAIN_ARGS, assert_same_run, dump_training, results
@@ -102,20 +103,34 @@ def tiny_yaml(tmp_path_factory) -> str:
 
 
 def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(detect_data, tiny_yaml, tmp_path):
-    """``compile=True`` through Ultralytics (inductor): bit for bit the compiled vanilla run, measured by RSS."""
+    """``compile=True`` through Ultralytics (inductor): bit for bit the compiled vanilla run, measured by RSS; the
+    checkpointed run recomputes every stage with a single part nested in stage 2's region (C3k2's ``cv1``) and one
+    branch of the head (Detect's ``cv2.0``) as regions of their own, installed on the model that was compiled."""
     # deterministic=False: torch's deterministic mode makes inductor's CPU compile several times slower (minutes for
     # this model); CPU kernels, the seed and the data order keep both runs reproducible without it.
     args = {**TRAIN_ARGS, "data": detect_data, "project": str(tmp_path), "epochs": 1, "imgsz": 64, "val": False,
             "save_period": 1, "compile": True, "deterministic": False}
-    runs = {}
-    for name, extra in (("vanilla", {}), ("ckpt", {"trainer": TRAINERS["detect"], "checkpoint_stages": "all"})):
+    ours = {"trainer": TRAINERS["detect"], "checkpoint_stages": "all", "checkpoint_layers": ["2.cv1", "7.cv2.0"]}
+    runs, compiled = {}, {}
+
+    def installed(trainer):  # the plan on the model Ultralytics compiled, at the first step
+        model = unwrap_model(trainer.model)
+        compiled.setdefault(trainer.args.name, (model is not trainer.model, checkpoint_plan(model)))
+
+    for name, extra in (("vanilla", {}), ("ckpt", ours)):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         model = ultralytics.YOLO(tiny_yaml)
         model.add_callback("teardown", dump_training)  # no counting hooks: they would enter the compiled graph
+        model.add_callback("on_train_batch_start", installed)
         model.train(name=name, **extra, **args)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # compiled, in one graph
         runs[name] = Path(model.trainer.save_dir)
+    assert compiled["vanilla"] == (True, None)
+    wrapped, plan = compiled["ckpt"]
+    assert wrapped and [(r.layers, r.parts) for r in plan.part_regions] == [((2,), ("cv1",)), ((7,), ("cv2.0",))]
+    whole = {i for r in plan.regions if not r.parts for i in r.layers}
+    assert 2 in whole and 7 not in whole  # cv1 nested in a stage's region, the head's branch a region alone
     assert_same_run(runs["vanilla"], runs["ckpt"])
     (row,) = results(runs["ckpt"])
     assert "mem/peak_tensor_GB" not in row and float(row["mem/peak_rss_GB"]) > 0  # RSS, and compile stayed on

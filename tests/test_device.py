@@ -1,5 +1,6 @@
 """Memory decisions on a simulated device with a hard limit, measured by an independent exact tracker around them."""
 
+import dataclasses
 import logging
 import re
 from copy import deepcopy
@@ -28,7 +29,7 @@ from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_byte
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
 
-from support import SMALL, TRAIN_ARGS, auto_budget, results
+from support import SMALL, TRAIN_ARGS, auto_budget, loop_batches, measured_step, results
 
 IMGSZ = 128
 
@@ -169,6 +170,38 @@ def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch):
     assert not timed and outside.peak <= gpu.limit
 
 
+def test_escalation_leaves_room_for_the_loops_other_batches():
+    """Out of memory at batch 4 with stage 2: the next plan, measured on a copy on the simulated device beside the
+    training model and its EMA, fits with the training loop's other batches: its step (a fresh tracker) and those
+    batches (real batch sizes) within the device, on a device where the plan escalation tries first fits without them
+    (by half of them, more than the planning copy's weights), not with them."""
+    from yolo_ckpt.escalation import next_plan
+
+    model, imgsz, batch = small_model(), 2 * IMGSZ, 4
+    failed = {"checkpoint_stages": [2], "checkpoint_layers": [], "checkpoint_mode": "full"}
+    costs = unit_costs(model, imgsz)
+    untimed = dict(seconds=0.0)  # plans ranked by FLOPs: the order must not hang on how busy this machine is
+    costs = dataclasses.replace(costs, plain=dataclasses.replace(costs.plain, **untimed),
+                                unit={k: dataclasses.replace(v, **untimed) for k, v in costs.unit.items()})
+
+    def held(settings: dict) -> tuple[int, int]:  # a plan's step at the batch, and the loop's batches beside it
+        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
+                          settings["checkpoint_layers"] or None) as m:
+            return measured_step(m, imgsz, batch), loop_batches(m, imgsz, batch)
+
+    first, _ = next_plan(model, failed, imgsz, batch, costs=costs)  # no device: the first plan it tries fits
+    step, loop = held(first)
+    assert loop > 2 * weight_bytes(model)  # else the planning copy's own weights would leave room for them anyway
+    device = step + weight_bytes(model) + loop // 2
+    with LiveTensorTracker() as outside, SimulatedDevice(device) as gpu:
+        gpu.track([*model.parameters(), *model.buffers()])
+        ema = deepcopy(model)  # resident on the device, as the trainer's EMA
+        settings, measured = next_plan(model, failed, imgsz, batch, costs=costs)
+        del ema
+    assert outside.peak <= device and sum(held(settings)) <= device, (held(settings), device)
+    assert measured is not None and settings != first
+
+
 # ------------------------------------------------------------------------ training on a simulated device
 RUN = {**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False}
 KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
@@ -234,14 +267,16 @@ def test_auto_at_a_tight_share_trains_within_it(detect_data, tmp_path):
     assert "less the training loop's other batches" in r.log
 
 
-@pytest.mark.parametrize("stages, fraction", [([2, 3], 0.5), ("auto", -1)])
-def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages, fraction):
+@pytest.mark.parametrize("stages, fraction, vanillas", [([2, 3], 0.5, 2.0), ("auto", -1, 1.2)])
+def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages, fraction, vanillas):
     """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
     included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
-    plan's batch is the largest whose step fits."""
-    from yolo_ckpt.measure import planned_copy, step_bytes
+    plan's batch is the largest whose step, with the training loop's other batches, fits."""
+    from yolo_ckpt.measure import planned_copy
 
-    device = device_bytes(detect_data, 2.0) * 5 // 6
+    # the share holds vanilla's batch 4 (``vanillas`` x 5/6 of it); auto keeps so much less that twice that share
+    # would pass the 16 training images AutoBatch stops at
+    device = device_bytes(detect_data, vanillas) * 5 // 6
     r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
     share, b = int((0.6 if fraction == -1 else fraction) * device), r.batch
     assert r.trainer.memory_target == share and 4 < b == r.trainer.batch_size < 16, b  # beyond vanilla's 4
@@ -249,7 +284,31 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     if stages != "auto":
         objects = r.trainer._objects()
         with planned_copy(unwrap_model(r.trainer.model), stages) as m:  # the run's classes and frozen layers
-            assert step_bytes(m, RUN["imgsz"], b, objects) <= share < step_bytes(m, RUN["imgsz"], b + 1, objects)
+            held = [measured_step(m, RUN["imgsz"], n, objects) + loop_batches(m, RUN["imgsz"], n, objects)
+                    for n in (b, b + 1)]
+            assert held[0] <= share < held[1]
+
+
+def test_autobatch_leaves_room_for_the_loops_other_batches(detect_data, tmp_path):
+    """``batch=-1`` with the whole network recomputed on a device whose 60% holds batch 8's step (measured here with
+    a fresh tracker) but not the loader's uint8 images and the previous batch beside it: the batch planned trains its
+    real epoch within the share (planned for the step alone, batch 8's epoch passed it). The whole network, so that
+    the peak is a recompute in backward: where it is in the loss, the planned step's mosaic count of labels (x4)
+    leaves more room than the loop's batches take."""
+    b, imgsz, plan = 8, RUN["imgsz"], {"checkpoint_stages": "all", "checkpoint_layers": "head"}
+    data = yaml.safe_load(Path(detect_data).read_text())
+    labels = (Path(detect_data).parent / "labels" / "train").glob("*.txt")
+    objects = 4 * max(len(f.read_text().splitlines()) for f in labels)  # mosaic, as the trainer counts
+    model = DetectionModel("yolo11n.yaml", nc=len(data["names"]), verbose=False).train()
+    model.args = get_cfg()
+    with planned_copy(model, plan["checkpoint_stages"], "full", plan["checkpoint_layers"]) as m:
+        step, loop = measured_step(m, imgsz, b, objects), loop_batches(m, imgsz, b, objects)
+    device = int((step + loop // 2) / 0.6)
+    r = sim_run(detect_data, tmp_path, "loop", batch=-1, simulate_gpu=f"{device}B", **plan)
+    share = r.trainer.memory_target
+    assert share == int(0.6 * device) and 0 < r.epoch <= share, (r.epoch, share)
+    assert 1 < r.batch < b and 0 < r.planning <= share and not r.escalated
+    assert "the training loop's other batches" in r.log
 
 
 def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(detect_data, tmp_path):

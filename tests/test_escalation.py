@@ -3,13 +3,17 @@ and the run is then the run a user would have started with the escalated plan.""
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import ultralytics
 import yaml
 from ultralytics.utils import LOGGER
+from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO
+from yolo_ckpt.measure import planned_copy
 
 from support import (
     TRAIN_ARGS,
@@ -22,6 +26,19 @@ from support import (
 
 ARGS = {**TRAIN_ARGS, "epochs": 1, "save_period": 1}
 KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
+
+
+@contextmanager
+def escalations_logged() -> Iterator[list[str]]:
+    """The log lines that say a plan escalated, while the block runs."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: lines.append(r.getMessage()) if "escalated to" in r.getMessage() else None
+    LOGGER.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        LOGGER.removeHandler(handler)
 
 
 def run(data, project, name, **ours):
@@ -69,15 +86,9 @@ def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect
 
     model = YOLO("yolo11n.yaml")
     add_counting(model)
-    plans = []
-    handler = logging.Handler()
-    handler.emit = lambda r: plans.append(r.getMessage()) if "escalated to" in r.getMessage() else None
-    LOGGER.addHandler(handler)
-    try:
+    with escalations_logged() as plans:
         model.train(trainer=CkptOOMTwice, data=detect_data, project=str(tmp_path), name="twice",
                     checkpoint_stages=[2, 3], **{**ARGS, "imgsz": 160})
-    finally:
-        LOGGER.removeHandler(handler)
     esc = Path(model.trainer.save_dir)
     assert model.trainer.oom_raised > 2 and model.trainer.batch_size == ARGS["batch"] and len(plans) == 2, plans
     first, second = (re.search(r"with (.*): escalated to (.*) at the same batch", line).groups() for line in plans)
@@ -88,3 +99,36 @@ def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect
     _, plain = run(detect_data, tmp_path, "plain", imgsz=160, checkpoint_stages=[])
     assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], plain, fresh,
                            chosen["checkpoint_layers"] or None)
+
+
+def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_path):
+    """Regions inside layers (C3k2's ``cv1``, each branch of Detect) out of memory on the first step, through
+    Ultralytics' own retry: the plan is outside the planner's units, so its own step at the batch is measured; the run
+    escalates once, at the same batch, to a plan whose step keeps less (measured again here with a fresh tracker: the
+    plan's batch-1 step scaled to the batch put it above stage 1 alone, which keeps more), and trains bit for bit as a
+    fresh run with that plan."""
+    from support import CkptOOMOnce, measured_step
+
+    parts = {"checkpoint_stages": [], "checkpoint_layers": ["2.cv1", "23.*"], "checkpoint_mode": "full"}
+    model = YOLO("yolo11n.yaml")
+    add_counting(model)
+    with escalations_logged() as lines:
+        model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), name="parts",
+                    **{**ARGS, "imgsz": 160}, **parts)
+    esc = Path(model.trainer.save_dir)
+    assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] and len(lines) == 1, lines
+    assert "with parts 2.cv1 23.cv2.0 " in lines[0] and "its step measured" in lines[0], lines[0]
+    chosen = {k: v for k, v in yaml.safe_load((esc / "args.yaml").read_text()).items() if k in KEYS}
+    trained, objects = unwrap_model(model.trainer.model), model.trainer._objects()  # the run's classes, plain again
+
+    def step(plan: dict) -> int:
+        with planned_copy(trained, plan["checkpoint_stages"], plan["checkpoint_mode"],
+                          plan["checkpoint_layers"] or None) as m:
+            return measured_step(m, 160, ARGS["batch"], objects)
+
+    assert step(chosen) < step(parts), chosen
+    _, fresh = run(detect_data, tmp_path, "fresh", imgsz=160, **chosen)
+    assert_same_run(fresh, esc)
+    _, plain = run(detect_data, tmp_path, "plain", imgsz=160, checkpoint_stages=[])
+    assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], plain, fresh,
+                           chosen["checkpoint_layers"] or None)  # layers by their forwards, parts by convolutions

@@ -5,15 +5,22 @@
 the recompute is what it measures. With ``memory_budget`` (say ``24GB``, the GPU you plan for), ``plan_batch`` works
 on any device from exact tensor accounting of real training steps (``yolo_ckpt.measure``):
 
-    memory(b) = model state + batch(b) + step peak(b)
+    memory(b) = model state + batch(b) + step peak(b) + loop(b)
+
+``loop(b)`` is what Ultralytics' training loop holds beside the batch a step trains on (``measure.loop_bytes``: the
+loader's uint8 images, and every second step the previous batch): computed, not measured (a probe step does not
+allocate it), exactly ``l·b``.
 
 **The bound every probe obeys.** A step's memory is ``a·b + c`` with ``c >= 0`` (what does not grow with the batch,
 such as the weights' gradients), so the memory per image can only fall as the batch grows: a step measured at ``b``
-bounds every larger batch by ``b' / b`` times itself (beyond the model state). ``plan_batch`` measures batch 1, jumps
-to the largest batch that bound admits within what a probe may use (``ProbeRoom``: the share of the budget, and what
-the device has free), measures it, and repeats until the batch stops growing (two to four steps). Each probe also
-runs under that limit (``measure.probe_step``), so that a step that is not ``a·b + c`` after all stops at the limit
-("does not fit") instead of passing it.
+bounds every larger batch by ``b' / b`` times itself (beyond the model state). With the loop's batches the run holds
+``static + b' · ((step(b) - static) / b + l)`` at most, still of that form, so the share bounds ``b'`` by
+``(share - static) · b / (step(b) - static + l·b)``; the device bounds the probe step alone (``ProbeRoom.bounded``).
+``plan_batch`` measures batch 1, jumps to the largest batch that bound admits within what a probe may use
+(``ProbeRoom``: the share of the budget less the loop's batches, and what the device has free), measures it, and
+repeats until the batch stops growing (two to four steps). Each probe also runs under that limit
+(``measure.probe_step``), so that a step that is not ``a·b + c`` after all stops at the limit ("does not fit")
+instead of passing it.
 
 **A budget bigger than the device.** When ``memory_budget`` exceeds what the device can hold, the probes stop at the
 device and the batch is extrapolated from the largest measured step by the same bound, up to the share, and
@@ -35,7 +42,7 @@ import torch
 from torch import nn
 
 from .device import device_memory
-from .measure import probe_step, state_bytes
+from .measure import loop_bytes, probe_step, state_bytes
 
 _UNITS = {"": 2**30, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
           "tb": 2**40, "tib": 2**40}
@@ -75,19 +82,31 @@ class ProbeRoom:
     Attributes:
         target (int): The share it must fit.
         device (int | None): What the device can hold for it now (``None``: no limit).
+        loop (int): Bytes per image the training loop holds beside a step (``measure.loop_bytes`` at batch 1), which
+            count against the share but which a probe does not allocate (0: none counted).
     """
 
     target: int
     device: int | None
+    loop: int = 0
 
     @property
     def limit(self) -> int:
         """The smaller of share and device."""
         return self.target if self.device is None else min(self.target, self.device)
 
+    def step_limit(self, batch: int) -> int:
+        """The most a probe step at ``batch`` may reach: the share less the loop's batches, and the device."""
+        share = self.target - self.loop * batch
+        return share if self.device is None else min(share, self.device)
+
     def bounded(self, batch: int, measured: int, static: int, cap: int) -> int:
-        """The largest batch up to ``cap`` whose bound from a step of ``measured`` bytes at ``batch`` fits the limit."""
-        return min(max(int((self.limit - static) * batch // (measured - static)), 0), cap)
+        """The largest batch ``b'`` up to ``cap`` whose bound from a step of ``measured`` bytes at ``batch`` fits:
+        ``static + (measured - static) · b' / batch + loop · b'`` within the share, and the step's own bound within
+        the device."""
+        share = (self.target - static) * batch // (measured - static + self.loop * batch)
+        device = share if self.device is None else (self.device - static) * batch // (measured - static)
+        return min(max(int(min(share, device)), 0), cap)
 
 
 @dataclass
@@ -96,10 +115,13 @@ class BatchPlan:
 
     Attributes:
         batch (int): The chosen batch size.
-        measured_bytes (int): Model state, batch and the measured step peak at ``batch`` (extrapolated: predicted).
+        measured_bytes (int): What the run holds at ``batch``: model state, batch and the measured step peak
+            (extrapolated: predicted), plus ``loop_bytes``.
         target_bytes (int): ``fraction * budget``.
         extrapolated (bool): The device could not hold the target: ``batch`` is extrapolated from measured steps.
-        points (dict[int, int]): Every measured batch and its step bytes.
+        points (dict[int, int]): Every measured batch and its step bytes (the loop's batches not included).
+        loop_bytes (int): The training loop's other batches at ``batch`` (``measure.loop_bytes``; 0 when not
+            counted), computed, not measured.
     """
 
     batch: int
@@ -107,11 +129,13 @@ class BatchPlan:
     target_bytes: int
     extrapolated: bool = False
     points: dict = field(default_factory=dict)
+    loop_bytes: int = 0
 
 
 def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6, max_batch: int = 1024,
-               objects: int = 50, amp: torch.dtype | None = None) -> BatchPlan:
-    """The largest batch whose measured training step fits ``fraction * budget`` bytes.
+               objects: int = 50, amp: torch.dtype | None = None, loop: bool = True) -> BatchPlan:
+    """The largest batch whose measured training step, with the training loop's other batches, fits
+    ``fraction * budget`` bytes.
 
     Args:
         model: The model as it will train (a copy, with its checkpoint plan installed, or plain), on its device.
@@ -121,28 +145,33 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
         max_batch: Upper clamp, as Ultralytics' 1024.
         objects: Labelled objects per image in the measured batches.
         amp: Autocast dtype the run trains with (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
+        loop: Count the loop's other batches (``measure.loop_bytes``); ``False`` where the caller's target has
+            them taken off already (``planner.measure_candidate``).
 
     Raises:
         ValueError: When not even batch 1 fits (the share, or the device).
     """
     static, target = state_bytes(model), int(fraction * budget)
-    room = probe_room(model, target)
-    first = probe_step(model, imgsz, 1, objects, amp, room.limit)
-    if first is None or first > target:
+    per_image = loop_bytes(model, imgsz, 1, objects) if loop else 0
+    room = ProbeRoom(target, probe_room(model, target).device, per_image)
+    first = probe_step(model, imgsz, 1, objects, amp, room.step_limit(1))
+    if first is None or first + per_image > target:
         where = "the device" if room.device is not None and room.device < target else f"{target / 2**30:.3f} GB"
-        need = f"{first / 2**30:.3f} GB" if first else f"more than {room.limit / 2**30:.3f} GB"
-        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {need}, over {where}")
+        need = f"{(first + per_image) / 2**30:.3f} GB" if first else f"more than {room.limit / 2**30:.3f} GB"
+        with_loop = " with the training loop's other batches" if per_image else ""
+        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {need}{with_loop}, over {where}")
     points, b, over = {1: first}, 1, False
     while (nxt := room.bounded(b, points[b], static, max_batch)) > b:  # measured only where the bound admits it
-        got = probe_step(model, imgsz, nxt, objects, amp, room.limit)
-        if got is None or got > target:  # not a·b + c after all: keep the largest measured fit
+        got = probe_step(model, imgsz, nxt, objects, amp, room.step_limit(nxt))
+        if got is None or got + per_image * nxt > target:  # not a·b + c after all: keep the largest measured fit
             over = got is not None
             break
         points[nxt], b = got, nxt
-    further = ProbeRoom(target, None).bounded(b, points[b], static, max_batch)  # what the share alone admits
+    further = ProbeRoom(target, None, per_image).bounded(b, points[b], static, max_batch)  # what the share admits
     if over or room.device is None or room.device >= target or further <= b:
-        return BatchPlan(b, points[b], target, False, points)
+        return BatchPlan(b, points[b] + per_image * b, target, False, points, per_image * b)
     # The device stopped the probes: the bound from the largest measured step carries on to the share. Not the line
     # through the last two steps: a step's peak is the largest of several a·b + c sums, convex in the batch, so
     # that line passes under larger batches (yolo11n, 160 px: 9 from steps at 4 and 6, where 8 is the largest fit).
-    return BatchPlan(further, static + (points[b] - static) * further // b, target, True, points)
+    step = static + (points[b] - static) * further // b
+    return BatchPlan(further, step + per_image * further, target, True, points, per_image * further)

@@ -3,7 +3,9 @@
 Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) halves the batch on any out-of-memory error and
 restarts the epoch. A run that checkpoints can usually keep its batch by recomputing more instead: ``next_plan``
 finds the cheapest plan predicted to keep less than the one that failed and measures it at the same batch on a copy,
-within what the device has free once the failed step is released; only when no plan keeps less is the batch halved.
+within what the device has free once the failed step is released, less what the restarted epoch needs beside the
+step (the optimizer's moments, the training loop's other batches: ``measure.loop_bytes``); only when no plan keeps
+less is the batch halved.
 
 A restart after an escalation is the run a user would have started with the new plan: ``Snapshot`` keeps what the
 failed step changed before any optimizer step (BatchNorm buffers, the random generators' states) and puts it back.
@@ -24,8 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .measure import batch_bytes, planned_copy, probe_step, state_bytes
-from .planner import HEAD, MAX_MEASURED, NECK, Costs, escalations, measure_candidate, unit_costs
+from .measure import batch_bytes, planned_copy, state_bytes
+from .planner import HEAD, MAX_MEASURED, NECK, Costs, escalations, measure_candidate, measure_copy, unit_costs
 from .stages import CheckpointPlan, model_stages
 
 
@@ -89,8 +91,9 @@ def _units(model: nn.Module, settings: dict[str, Any], costs: Costs) -> tuple | 
 def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int, objects: int = 50,
               amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[dict[str, Any], int | None]:
     """Where a run that ran out of memory at ``batch`` with ``settings`` goes: the cheapest plan predicted to keep less
-    whose step at ``batch`` fits what the device has free now (measured on copies), or, when none is measured to fit,
-    the plan that keeps the least (unmeasured: the next out-of-memory error then halves the batch).
+    whose step at ``batch`` fits what the device has free now less the training loop's other batches (measured on
+    copies; ``planner.measure_candidate``), or, when none is measured to fit, the plan that keeps the least
+    (unmeasured: the next out-of-memory error then halves the batch).
 
     Args:
         model: The training model (plan installed or not); copies are measured, it never runs.
@@ -111,13 +114,13 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
         current = fixed + costs.predict(units, settings.get("checkpoint_mode") or "full", batch)[0]
     elif units == ():
         current = fixed + costs.predict((), "full", batch)[0]
-    else:  # a plan of layer lists: its own batch-1 step, scaled to the batch as planning predicts
+    else:  # a plan outside the units (layer lists, parts): its own step at the batch, measured as candidates are
+        # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px put a
+        # plan of parts above stage 1 alone, which keeps more)
         with planned_copy(model, settings.get("checkpoint_stages"), settings.get("checkpoint_mode") or "full",
                           settings.get("checkpoint_layers") or None) as m:
-            one = probe_step(m, imgsz, 1, objects, amp)
-        # batch 1 not on the device either: every plan in the planner's space may keep less
-        current = 2**62 if one is None else fixed + batch * (one - state_bytes(model) -
-                                                             batch_bytes(model, imgsz, 1, objects))
+            got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
+        current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
         got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
         if got is not None:

@@ -26,7 +26,8 @@ training model never runs; the choice's step is then timed at the run's batch.
 With AutoBatch (``batch=-1`` or a fraction) the plan measured to keep the least (among those predicted to) sets the
 largest batch (``plan_batch``), and the fastest plan that fits at that batch is chosen.
 
-Memory is counted as ``plan_batch`` counts it: model state, the batch on the device and the exact step peak.
+Memory is counted as ``plan_batch`` counts a step: model state, the batch on the device and the exact step peak; the
+target a step must fit is the share less the batches the training loop holds beside it (``measure.loop_bytes``).
 
 No probe passes what it may use (``autobatch.ProbeRoom``: the share, and what the device has free): the vanilla step
 and the fixed part (model state, the batch) are computed or predicted, a step is measured only under that limit, and a
@@ -61,6 +62,7 @@ from .measure import (
     FlopCount,
     batch_bytes,
     grad_bytes,
+    loop_bytes,
     planned_copy,
     probe_step,
     state_bytes,
@@ -624,26 +626,38 @@ def vanilla(costs: Costs, batch: int, fixed: int) -> Candidate:
 
 def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, costs: Costs,
                       objects: int = 50, amp: torch.dtype | None = None) -> tuple[int | None, bool]:
-    """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``.
+    """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``
+    (``measure_copy`` on ``c.copy(model)``)."""
+    with c.copy(model) as m:
+        return measure_copy(m, imgsz, batch, target, objects, amp)
+
+
+def measure_copy(m: nn.Module, imgsz: int, batch: int, target: int | None, objects: int = 50,
+                 amp: torch.dtype | None = None) -> tuple[int | None, bool]:
+    """The step at ``batch`` of a planning copy ``m`` (any plan installed), within the target and the device:
+    ``(bytes or None, extrapolated)``.
 
     ``None``: the probe stopped at its limit, so the plan does not fit. When the device holds less than ``target``,
-    the step is ``plan_batch``'s, up to ``batch``, extrapolated from batches the device holds. ``target=None``: what
-    the device holds now is the target (escalation, with the training state resident).
+    the step is ``plan_batch``'s, up to ``batch``, extrapolated from batches the device holds. ``target`` is step
+    bytes (the caller takes the training loop's other batches off it); ``target=None``: what the device holds now,
+    less the optimizer's moments and the training loop's other batches at ``batch``, is the target (escalation, with
+    the training state resident).
     """
-    with c.copy(model) as m:
-        room = probe_room(m, 2**62 if target is None else target)
-        if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
-            free = None if room.device is None else room.device - 2 * grad_bytes(m)
-            room = ProbeRoom(free if free is not None else room.target, free)
-            target = room.target
-        if room.device is None or room.device >= target:
-            got = probe_step(m, imgsz, batch, objects, amp, room.limit)
-            return got, False
-        try:
-            p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp)
-        except ValueError:
-            return None, False
-        return (p.measured_bytes if p.batch >= batch else None), p.extrapolated
+    room = probe_room(m, 2**62 if target is None else target)
+    if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
+        # and for the training loop's other batches, released with the failed step (``measure.loop_bytes``)
+        less = 2 * grad_bytes(m) + loop_bytes(m, imgsz, batch, objects)
+        free = None if room.device is None else room.device - less
+        room = ProbeRoom(free if free is not None else room.target, free)
+        target = room.target
+    if room.device is None or room.device >= target:
+        got = probe_step(m, imgsz, batch, objects, amp, room.limit)
+        return got, False
+    try:
+        p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp, loop=False)
+    except ValueError:
+        return None, False
+    return (p.measured_bytes if p.batch >= batch else None), p.extrapolated
 
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
@@ -759,7 +773,9 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     the training images), then the fastest plan (least predicted step time) that fits at that batch.
 
     The plans predicted to keep about the least are measured at the batch the first of them allows; the one measured
-    to keep the least sets the batch (``plan_batch``).
+    to keep the least sets the batch (``plan_batch``). At every batch the training loop's other batches
+    (``measure.loop_bytes``) count against the share, as ``plan_batch`` counts them: the choice's ``target_bytes``
+    is the share less them, at its batch, as for a fixed batch.
 
     Raises:
         ValueError: When not even batch 1 fits with the plan that keeps the least.
@@ -774,6 +790,9 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
             return plan_batch(m, imgsz=imgsz, budget=budget, fraction=fraction, max_batch=max_batch, objects=objects,
                               amp=amp)
 
+    def step_target(batch: int) -> int:  # the share less the loop's other batches at ``batch``
+        return target - loop_bytes(model, imgsz, batch, objects)
+
     try:
         first = largest(near[0])
     except ValueError:
@@ -781,13 +800,16 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
                          f"imgsz {imgsz} with {describe(near[0])}") from None
     sizes = {}  # the plans predicted to keep about the least, measured at that batch: the least sets the batch
     for c in near:
-        got, _ = measure_candidate(model, c, imgsz, first.batch, target, costs, objects, amp)
+        got, _ = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), costs, objects, amp)
         if got is not None:
             sizes[c] = got
     least = min(sizes, key=lambda c: (sizes[c], c.seconds)) if sizes else near[0]
     best = first if least == near[0] or first.batch >= max_batch else max(first, largest(least),
                                                                            key=lambda b: b.batch)
-    return choose_plan(model, imgsz, best.batch, best.target_bytes, objects, amp, costs)
+    try:
+        return choose_plan(model, imgsz, best.batch, step_target(best.batch), objects, amp, costs)
+    except NothingFits as e:  # what the share must hold for it: its step and the loop's batches at that batch
+        raise NothingFits(str(e), e.needed + target - step_target(best.batch)) from None
 
 
 def escalations(costs: Costs, current: int, batch: int, fixed: int) -> list[Candidate]:

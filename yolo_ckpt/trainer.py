@@ -556,7 +556,8 @@ class CheckpointMixin(DistributedMixin):
         how = (f"extrapolated from steps at batches {sorted(chosen.points)} that fit the device"
                if chosen.extrapolated else "measured")
         LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} with {stages} ({without} without){cap}; "
-                    f"{how} {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB")
+                    f"{how} {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB, the "
+                    f"training loop's other batches ({chosen.loop_bytes / 2**20:.1f} MiB) included")
         self.autobatch_without = without
         return batch
 
@@ -608,12 +609,13 @@ class CheckpointMixin(DistributedMixin):
         # is single-process, so only a fixed batch meets them here.
         buckets = grad_bytes(model) if self.world_size > 1 else 0
         # The loop's other batches (measure.loop_bytes): without them a plan measured right at a 0.4x share trained
-        # 1.2 MB past it (tests/test_device.py). AutoBatch's batches do not count them yet (README, Limitations).
-        loop = 0 if autobatch else loop_bytes(model, imgsz, batch, objects)
+        # 1.2 MB past it (tests/test_device.py). A fixed batch's plan is chosen for the share less them; AutoBatch
+        # counts them at every batch it weighs (planner.choose_plan_and_batch), so here they are per image.
+        loop = loop_bytes(model, imgsz, batch or 1, objects)
         what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
                 else "the largest batch" if autobatch else f"batch {batch}")
         less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
-        less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB)" if loop else ""
+        less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB{' per image' if autobatch else ''})"
         LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
                     f"{source}{less} at imgsz={imgsz}, {what}...")
         start = time.perf_counter()
@@ -623,7 +625,8 @@ class CheckpointMixin(DistributedMixin):
             else:
                 choice = choose_plan(model, imgsz, batch, self.memory_target - buckets - loop, objects, amp)
         except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
-            need = math.ceil((e.needed + buckets + loop) / fraction / 2**20)
+            # (choose_plan_and_batch's bound holds the loop's batches at its batch already)
+            need = math.ceil((e.needed + buckets + (0 if autobatch else loop)) / fraction / 2**20)
             raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz") from None
         except ValueError as e:
             raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
@@ -714,7 +717,8 @@ class CheckpointMixin(DistributedMixin):
         enable_checkpointing(model, plan, settings["checkpoint_mode"])
         self._record_settings()
         before = CheckpointPlan.from_spec(model, old["checkpoint_stages"], old["checkpoint_layers"] or None)
-        how = (f"its step measured {measured / 2**30:.3f} GB, within what the device has free" if measured is not None
+        how = (f"its step measured {measured / 2**30:.3f} GB, within what the device has free less the training "
+               f"loop's other batches" if measured is not None
                else "none was measured to fit, so the plan that keeps the least; if it runs out too, the batch halves")
         LOGGER.warning(f"{PREFIX} out of memory at batch {self.batch_size} with "
                        f"{before.describe(old['checkpoint_mode'] or 'full')}: escalated to "
