@@ -503,14 +503,15 @@ def train_pair(model: str, stages, data: str, project: Path, mode: str = "full",
     return train_run(model, data, project, "vanilla", **kw), train_run(model, data, project, "ckpt", ours, **kw)
 
 
-def assert_plan_recomputed(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:
-    """The plan's regions were recomputed in every step: each layer region's layers (their forward counts), each part
-    region's convolutions (theirs)."""
+def assert_plan_recomputed(model: str, stages, vanilla: Path, ckpt: Path, layers=None, ranks=(-1,)) -> None:
+    """The plan's regions were recomputed in every step (of each of ``ranks``): each layer region's layers (their
+    forward counts), each part region's convolutions (theirs)."""
     plan = CheckpointPlan.from_spec(model, stages, layers)
     recomputed = {i for r in plan.regions if not r.parts for i in r.layers}  # parts recompute inside their layer
-    assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), recomputed)
-    if plan.part_regions:
-        assert_convs_recomputed(conv_counts(vanilla), conv_counts(ckpt), plan)
+    for rank in ranks:
+        assert_recomputed(forward_counts(vanilla, rank), forward_counts(ckpt, rank), recomputed)
+        if plan.part_regions:
+            assert_convs_recomputed(conv_counts(vanilla, rank), conv_counts(ckpt, rank), plan)
 
 
 def assert_same_training(model: str, stages, vanilla: Path, ckpt: Path, layers=None) -> None:

@@ -29,13 +29,13 @@ from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_byte
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
 
-from support import SMALL, TRAIN_ARGS, auto_budget, loop_batches, measured_step, results
+from support import MINI, SMALL, TRAIN_ARGS, auto_budget, loop_batches, measured_step, results
 
 IMGSZ = 128
 
 
-def small_model() -> DetectionModel:
-    model = DetectionModel(deepcopy(SMALL), verbose=False).train()
+def small_model(cfg: dict = SMALL) -> DetectionModel:
+    model = DetectionModel(deepcopy(cfg), verbose=False).train()
     model.args = get_cfg()
     return model
 
@@ -120,8 +120,8 @@ def test_batch_planning_never_passes_the_share_and_plans_past_a_small_device():
 
 def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
     """The share is half the vanilla step: vanilla is predicted, never run; every probe stops at the share; the whole
-    planning, the training model included, stays within it; the choice fits."""
-    model = small_model()
+    planning, the training model included, stays within it; the choice fits. (MINI: four units, 20 unit steps.)"""
+    model = small_model(MINI)
     batch, costs = 4, unit_costs(model, IMGSZ)
     vanilla = step_bytes(model, IMGSZ, batch)
     share = vanilla // 2 + vanilla // 10
@@ -138,10 +138,10 @@ def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
 def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch):
     """Planning times each unit's batch-1 step on the device: on a device that holds them, every unit is timed and
     the whole measurement, the model included, stays on the device; on one too small for vanilla's batch-1 step, no
-    step is ever timed and nothing passes the device."""
+    step is ever timed and nothing passes the device. (MINI: four units, 20 unit steps.)"""
     import yolo_ckpt.planner as planner
 
-    model = small_model()
+    model = small_model(MINI)
     timed = []
 
     def counted(models, batch, repeats, amp=None):

@@ -28,12 +28,21 @@ import yaml
 from torchrun_train import EXTRA
 from ultralytics.nn.tasks import DetectionModel
 
-from yolo_ckpt import CheckpointConfigError, CheckpointPlan
+from yolo_ckpt import CheckpointConfigError
 from yolo_ckpt.distributed import Launch, check_batch, launch_device
 from yolo_ckpt.epoch_memory import most_of
 from yolo_ckpt.measure import grad_bytes
 
-from support import TRAIN_ARGS, assert_recomputed, assert_same, assert_same_run, auto_budget, forward_counts, results
+from support import (
+    TRAIN_ARGS,
+    assert_plan_recomputed,
+    assert_recomputed,
+    assert_same,
+    assert_same_run,
+    auto_budget,
+    forward_counts,
+    results,
+)
 
 pytestmark = pytest.mark.xdist_group("ddp")  # one launch at a time: ports and the 2 cores
 
@@ -143,11 +152,8 @@ def test_auto_is_chosen_once_across_nodes_and_matches_plain_launch(launches):
     assert planned == [True, False] and log.count("auto: choosing the plan") == 1  # only rank 0 measured
     chosen = yaml.safe_load((auto / "args.yaml").read_text())
     assert chosen["checkpoint_stages"] != "auto" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
-    plan = CheckpointPlan.from_spec(DetectionModel("yolo11n.yaml", verbose=False), chosen["checkpoint_stages"],
-                                    chosen["checkpoint_layers"] or None)
-    layers = {i for r in plan.regions for i in r.layers}
-    for rank in (0, 1):
-        assert_recomputed(forward_counts(vanilla, rank), forward_counts(auto, rank), layers)
+    assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], vanilla, auto,
+                           chosen["checkpoint_layers"] or None, ranks=(0, 1))
     assert_same_run(vanilla, auto, ranks=(0, 1))
 
 

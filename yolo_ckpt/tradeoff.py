@@ -29,11 +29,10 @@ from torch import nn
 from .autobatch import parse_memory
 from .device import device_memory
 from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
-from .measure import batch_bytes, grad_bytes, planned_copy, state_bytes, training_batch, weight_bytes
+from .measure import batch_bytes, grad_bytes, loop_bytes, planned_copy, state_bytes, training_batch, weight_bytes
 from .memory import LiveTensorTracker
 from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
 from .plots import axes, legend_points
-from .recompute import MODES
 
 
 def _row(c: Candidate, fit: Fit | None) -> dict:
@@ -173,11 +172,14 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
     choice, failed = None, None
     if memory_budget is not None:  # first: a choice with a mode per unit is measured among the rows
         target = int(fraction * parse_memory(memory_budget))
-        try:
-            choice = choose_plan(model, imgsz, batch, target, amp=amp, costs=costs)
+        try:  # as training chooses: the share less the other batches Ultralytics' loop holds (measure.loop_bytes)
+            choice = choose_plan(model, imgsz, batch, target - loop_bytes(model, imgsz, batch), amp=amp, costs=costs)
         except ValueError as e:
             failed = str(e)
-    also = (choice.candidate,) if choice is not None and choice.candidate.mode not in MODES else ()
+    listed = {(c.units, c.modes) for c in candidates(dataclasses.replace(costs, mixed=False), batch, 0)}
+    # a choice of per-unit modes, or of the neck without the head layer, is not among the one-mode rows: one more row
+    also = (choice.candidate,) if choice is not None and (choice.candidate.units, choice.candidate.modes) not in \
+        listed | {((), ())} else ()
     rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, also=also)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
     if dev is not None:
