@@ -45,6 +45,7 @@ from support import (
 )
 
 IMGSZ, BATCH = 128, 2
+MIXED_IMGSZ = 64  # the 242 plans of the per-unit space, each measured: at a quarter of the pixels
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +55,18 @@ def small():
     return model
 
 
-def measure_every_plan(model, costs) -> tuple:
+def measure_every_plan(model, costs, imgsz: int = IMGSZ) -> tuple:
     """Every candidate of ``costs`` measured independently: step bytes as planning counts them, and FLOPs counted;
     with what no plan changes (model state and the batch) and the vanilla step's peak."""
-    data = training_batch(model, IMGSZ, BATCH)
-    fixed = step_bytes(model, IMGSZ, BATCH) - measure_peak(model, data).peak  # model state and the batch
+    data = training_batch(model, imgsz, BATCH)
+    fixed = step_bytes(model, imgsz, BATCH) - measure_peak(model, data).peak  # model state and the batch
     rows = []
     for c in candidates(costs, BATCH, 0):
         s = c.settings
         m = with_plan(model, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
         with FlopCounterMode(display=False) as counter:
             step_loss(m, data).backward()
-        rows.append((c, step_bytes(m, IMGSZ, BATCH), counter.get_total_flops()))
+        rows.append((c, step_bytes(m, imgsz, BATCH), counter.get_total_flops()))
         disable_checkpointing(m)
     return costs, fixed, measure_peak(model, data).peak, rows
 
@@ -82,9 +83,9 @@ def mixed():
     parts' too), measured: 242 plans."""
     model = DetectionModel({**deepcopy(MINI), "head": [[[2], 1, "Detect", ["nc"]]]}, verbose=False).train()
     model.args = get_cfg()
-    costs = unit_costs(model, IMGSZ)
+    costs = unit_costs(model, MIXED_IMGSZ)
     assert costs.mixed and space_size(costs) == 3 * 9 * 9 - 1  # stage 1 is one Conv: no parts
-    return model, measure_every_plan(model, costs)
+    return model, measure_every_plan(model, costs, MIXED_IMGSZ)
 
 
 @pytest.mark.parametrize("space", ["one mode", "per unit"])
@@ -94,10 +95,11 @@ def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, sha
     time (the FLOPs it reports are the counted ones); its step at the run's batch was timed. In one mode for all
     units (62 plans), and with each unit in its own mode, its parts' included (242 plans of a smaller model)."""
     small, (costs, fixed, peak, rows) = (small, exhaustive) if space == "one mode" else mixed
+    imgsz = IMGSZ if space == "one mode" else MIXED_IMGSZ
     target = fixed + int(share * peak)  # share of the vanilla step's peak, on top of what no plan changes
     fitting = [(c, nbytes, flops) for c, nbytes, flops in rows if nbytes <= target]
     assert fitting, "the budgets are chosen so that some plan fits"
-    choice = choose_plan(small, IMGSZ, BATCH, target, costs=costs)
+    choice = choose_plan(small, imgsz, BATCH, target, costs=costs)
     measured = {(c.units, c.modes): (nbytes, flops) for c, nbytes, flops in rows}
     nbytes, flops = measured[(choice.candidate.units, choice.candidate.modes)]
     assert choice.measured_bytes == nbytes <= target

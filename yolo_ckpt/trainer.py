@@ -47,7 +47,7 @@ from .families import check_supported
 from .measure import grad_bytes, loop_bytes, planned_copy
 from .model import check_plan, checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
-from .planner import describe
+from .planner import describe, unit_costs
 from .recompute import MODES
 from .resources import data_file
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages, word
@@ -323,7 +323,7 @@ class CheckpointMixin(DistributedMixin):
         self.memory_meter: EpochPeak | None = None
         self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
         self.memory_target: int | None = None  # exact tensor bytes auto or AutoBatch planned to fit
-        self._plan_costs = None  # auto's unit costs, for escalation
+        self._plan_costs = None  # unit costs (auto's, or the first escalation's), for escalation
         self._snapshot: dict | None = None  # the first epoch's start, for an exact restart after an escalation
         self._pipeline_batch: int | None = None
         self._stages: list[int] = []
@@ -709,6 +709,8 @@ class CheckpointMixin(DistributedMixin):
         imgsz = self._planning_imgsz()
         amp = autocast_dtype(self)
         with random_state_kept(self.device):  # training goes on from here, as after Ultralytics' own retry
+            if self._plan_costs is None:  # once: a second escalation at this imgsz plans from the same unit steps
+                self._plan_costs = unit_costs(model, imgsz, self._objects(), amp)
             settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp,
                                            self._plan_costs)
         for k, v in settings.items():
