@@ -70,8 +70,10 @@ from .measure import (
     time_steps,
     training_batch,
 )
+from .memory import LiveTensorTracker
+from .model import enable_checkpointing
 from .recompute import MODES
-from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages
+from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages, parts_known
 
 HEAD = "head"  # the unit of the model's last layer (Detect, Segment, Classify, RTDETRDecoder, ...)
 NECK = "neck"  # the unit of the layers between backbone and head layer that store activations (where there are any)
@@ -338,7 +340,8 @@ def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | 
     """Measure ``Phases`` of a step of ``model`` that may allocate at most ``limit`` bytes."""
     model.zero_grad(set_to_none=True)
     hooks = []
-    tracker = MemoryLimit(limit if limit is not None else 2**62, "device room", device=False)
+    # without a limit an exact tracker: a limit sizes every op on meta tensors before it runs
+    tracker = MemoryLimit(limit, "device room", device=False) if limit is not None else LiveTensorTracker()
     with FlopCount() as counter, tracker:
         marks = {}
 
@@ -432,23 +435,24 @@ class Costs:
         return {u: self.unit[(u, m)] for u, m in zip(units, modes)}
 
 
-def _unit_phases(model: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torch.dtype | None,
+def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torch.dtype | None,
                  last: int | None) -> Phases | None:
-    """``Phases`` of ``c``'s step at batch 1 on a copy within what the device has free, ``None`` when it does not
-    fit; then, only when it fit, its step timed on the same copy and batch (the same step, so the memory it needs is
-    what was just measured within the bound). A function of its own so that the copy is gone when it returns, before
-    the next one is made (a ``with`` in a loop keeps the last copy bound to its name until then)."""
-    with c.copy(model) as m:
-        room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
-        data = training_batch(m, imgsz, 1, objects)
-        limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
-        device = next(model.parameters()).device
-        phases = unless_oom(lambda: _phases(m, data, amp, last, limit), device)
-        if phases is None:
-            return None
-        # the same step again; still bounded by the device: a CUDA allocator may need more than the exact bytes
-        seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], device)
-        return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
+    """``Phases`` of ``c``'s step at batch 1 on ``m`` (planning's copy; ``c`` is installed on it) within what the
+    device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy and batch
+    (the same step, so the memory it needs is what was just measured within the bound)."""
+    stages, mode, layers = c.spec
+    enable_checkpointing(m, CheckpointPlan.from_spec(m, list(stages) if isinstance(stages, tuple) else stages, layers),
+                         mode)
+    room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
+    data = training_batch(m, imgsz, 1, objects)
+    limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
+    device = next(m.parameters()).device
+    phases = unless_oom(lambda: _phases(m, data, amp, last, limit), device)
+    if phases is None:
+        return None
+    # the same step again; still bounded by the device: a CUDA allocator may need more than the exact bytes
+    seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], device)
+    return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
 
 
 def per_region_modes(model: nn.Module) -> bool:
@@ -476,14 +480,21 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     units = [w.unit for w in layout]
     where = {w.unit: w for w in layout}
     costs = {}
-    for unit, mode in [(None, "full"), *((u, m) for u in units for m in UNIT_MODES if m in MODES or where[u].nests)]:
-        c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout)
-        last = where[unit].ranges[-1][1] if unit not in (None, HEAD) else None  # the head: its backward is first
-        if (phases := _unit_phases(model, c, imgsz, objects, amp, last)) is not None:
-            costs[(unit, mode)] = phases
-        elif unit is None:
-            raise ValueError(f"checkpoint_stages=auto: a training step at batch 1, imgsz {imgsz} does not fit "
-                             f"the device")
+    # one copy for every probe, each plan installed in turn (a copy each took a third of planning on a simulated
+    # device); its BatchNorm statistics move from probe to probe, which no step's bytes, FLOPs or time depend on,
+    # and its loss is put back as the copy had it, so that every probe is the first step of a fresh copy
+    probes = [(None, "full"), *((u, k) for u in units for k in UNIT_MODES if k in MODES or where[u].nests)]
+    with planned_copy(model, []) as m, parts_known(m):
+        criterion = getattr(m, "criterion", None)  # the loss a first step makes, as it had it (its bytes count)
+        for unit, mode in probes:
+            m.criterion = criterion
+            c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout)
+            last = where[unit].ranges[-1][1] if unit not in (None, HEAD) else None  # the head: its backward is first
+            if (phases := _unit_phases(m, c, imgsz, objects, amp, last)) is not None:
+                costs[(unit, mode)] = phases
+            elif unit is None:
+                raise ValueError(f"checkpoint_stages=auto: a training step at batch 1, imgsz {imgsz} does not fit "
+                                 f"the device")
     units = [u for u in units if all((u, mode) in costs for mode in MODES)]
     plain = costs.pop((None, "full"))
     return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head, layout,

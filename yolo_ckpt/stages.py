@@ -423,7 +423,7 @@ def _layer_regions(model: Any, spans: list[Span] | None, spec: Any,
     if bad := next((i for s in spans for i in (s.first, s.last) if i >= len(layers)), None):
         raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {name} has no layer {bad}.",
                                     _layers_hint(model))
-    parts = model_parts(model) if any(s.parts for s in spans) else {}
+    parts = _parts_of(model) if any(s.parts for s in spans) else {}
     regions = []
     for s in spans:
         if s.parts is None:
@@ -487,6 +487,34 @@ def _runs(tree: dict[str, tuple[str, ...]], s: Span, spec: Any, layers: nn.Seque
 def part_container(part: str, tree: dict[str, tuple[str, ...]]) -> str:
     """The module (``""``: the layer itself, or a Sequential part) that calls ``part``."""
     return next(c for c, children in tree.items() if part in children)
+
+
+_KNOWN: dict[int, dict | None] = {}  # by id: the models inside a ``parts_known`` block, their parts once found
+
+
+@contextmanager
+def parts_known(model: nn.Module) -> Iterator[None]:
+    """Inside the block, ``model``'s plans resolve their parts from one dry run (``model_parts``), not one each: for
+    a planner installing plan after plan on one copy, whose layers do not change meanwhile.
+
+    Example:
+        >>> with parts_known(m):
+        ...     plans = [CheckpointPlan.from_spec(m, [], [f"{i}.*"]) for i in (2, 4, 6)]  # one dry run
+    """
+    _KNOWN[id(model)] = None
+    try:
+        yield
+    finally:
+        del _KNOWN[id(model)]
+
+
+def _parts_of(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
+    """``model_parts(model)``, found once per ``parts_known`` block."""
+    if id(model) not in _KNOWN:
+        return model_parts(model)
+    if _KNOWN[id(model)] is None:
+        _KNOWN[id(model)] = model_parts(model)
+    return _KNOWN[id(model)]
 
 
 def model_parts(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
