@@ -6,6 +6,7 @@ import re
 from copy import deepcopy
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -168,6 +169,34 @@ def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch):
         with pytest.raises(ValueError, match=f"a training step at batch 1, imgsz {big} does not fit the device"):
             unit_costs(model, big)
     assert not timed and outside.peak <= gpu.limit
+
+
+def test_escalation_from_a_per_unit_plan_moves_to_a_plan_measured_to_keep_less():
+    """A plan auto wrote with a mode per unit (layer items, outside the planner's units) runs out of memory: its own
+    step at the batch is measured, and the next plan is one measured to keep less — never a plan that is only
+    predicted to, such as the failed plan itself. Here the failed plan is put first among the plans escalation tries
+    (as the planner's time ranking put it once in CI, and escalation chose it again)."""
+    from yolo_ckpt import escalation
+    from yolo_ckpt.planner import candidates
+
+    model, imgsz, batch = small_model(), IMGSZ, 2
+    costs = unit_costs(model, imgsz)
+    per_unit = [c for c in candidates(costs, batch, 0)
+                if any(isinstance(x, str) for x in c.settings["checkpoint_layers"])]
+    failed = max(per_unit, key=lambda c: c.predicted_bytes)  # one that keeps much: plans that keep less exist
+    real = escalation.escalations
+
+    def failed_first(*args, **kwargs):
+        return [failed, *(c for c in real(*args, **kwargs) if c.settings != failed.settings)]
+
+    def held(settings: dict) -> int:  # a fresh tracker's step of the plan at the batch
+        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
+                          settings["checkpoint_layers"] or None) as m:
+            return measured_step(m, imgsz, batch)
+
+    with mock.patch.object(escalation, "escalations", failed_first):
+        settings, measured = escalation.next_plan(model, failed.settings, imgsz, batch, costs=costs)
+    assert settings != failed.settings and measured is not None and held(settings) < held(failed.settings)
 
 
 def test_escalation_leaves_room_for_the_loops_other_batches():

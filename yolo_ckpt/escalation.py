@@ -109,7 +109,7 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
     """
     costs = costs or unit_costs(model, imgsz, objects, amp)
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
-    units = _units(model, settings, costs)
+    units, measured = _units(model, settings, costs), False
     if units is not None and all(u in costs.units for u in units) and units:
         current = fixed + costs.predict(units, settings.get("checkpoint_mode") or "full", batch)[0]
     elif units == ():
@@ -121,9 +121,12 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
                           settings.get("checkpoint_layers") or None) as m:
             got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
         current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
+        measured = True
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
         got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
-        if got is not None:
+        # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
+        # auto wrote it as a per-unit plan, was chosen again)
+        if got is not None and (not measured or got < current):
             return c.settings, got
     return most(model), None
 
