@@ -440,9 +440,7 @@ def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torc
     """``Phases`` of ``c``'s step at batch 1 on ``m`` (planning's copy; ``c`` is installed on it) within what the
     device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy and batch
     (the same step, so the memory it needs is what was just measured within the bound)."""
-    stages, mode, layers = c.spec
-    enable_checkpointing(m, CheckpointPlan.from_spec(m, list(stages) if isinstance(stages, tuple) else stages, layers),
-                         mode)
+    enable_checkpointing(m, c.plan(m), c.spec[1])  # as ``Candidate.copy`` installs it
     room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
     data = training_batch(m, imgsz, 1, objects)
     limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
