@@ -2,6 +2,7 @@
 counted."""
 
 import dataclasses
+import random
 import re
 from copy import deepcopy
 from pathlib import Path
@@ -14,6 +15,7 @@ from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils.patches import torch_load
 
+from yolo_ckpt import planner
 from yolo_ckpt.autobatch import plan_batch
 from yolo_ckpt.measure import measure_peak, step_bytes, step_loss, training_batch, with_plan
 from yolo_ckpt.model import disable_checkpointing
@@ -167,6 +169,28 @@ def test_autobatch_auto_gives_the_largest_batch_any_plan_allows(small, exhaustiv
     most = plan_batch(with_plan(small, least["checkpoint_stages"], least["checkpoint_mode"],
                                 least["checkpoint_layers"]), imgsz=IMGSZ, budget=budget, fraction=0.6)
     assert choice.batch >= most.batch > plan_batch(small, imgsz=IMGSZ, budget=budget, fraction=0.6).batch
+
+
+def test_autobatch_auto_never_refuses_the_batch_its_plan_set(small, monkeypatch):
+    """The plan measured to keep the least sets the batch; predictions at that batch may rank it past every plan
+    ``choose_plan`` measures. Under this stub clock (each unit's batch-1 time fixed by a seed instead of timed) the
+    planner before the fix sized batch 28 with such a plan and then raised NothingFits there (CI saw the same at
+    batch 24 with timed steps): the batch set is taken, with a plan measured independently to fit it."""
+    costs = unit_costs(small, IMGSZ)
+    rnd = random.Random(2)
+    clock = dataclasses.replace(costs, plain=dataclasses.replace(costs.plain, seconds=1.0), unit={
+        k: dataclasses.replace(v, seconds=1.0 + rnd.random()) for k, v in sorted(costs.unit.items(), key=str)})
+    monkeypatch.setattr(planner, "unit_costs", lambda *args, **kwargs: clock)
+    budget = 4 * step_bytes(small, IMGSZ, 4)
+    choice = choose_plan_and_batch(small, IMGSZ, budget, 0.6)
+    assert choice.target_bytes == int(0.6 * budget) - loop_batches(small, IMGSZ, choice.batch)
+    s = choice.candidate.settings
+    m = with_plan(small, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
+    try:
+        assert step_bytes(m, IMGSZ, choice.batch) <= choice.target_bytes
+    finally:
+        disable_checkpointing(m)
+    assert choice.batch > plan_batch(small, imgsz=IMGSZ, budget=budget, fraction=0.6).batch
 
 
 def test_auto_settings_are_checked_before_any_work(monkeypatch):

@@ -233,6 +233,29 @@ def _suffix(mode: str) -> str:
 
 
 @dataclass(frozen=True)
+class BatchFit:
+    """A plan and the batch ``plan_batch`` sized with it: the largest at which its step (with the training loop's other
+    batches) fits the share."""
+
+    candidate: Candidate
+    sizing: BatchPlan
+
+    @property
+    def batch(self) -> int:
+        return self.sizing.batch
+
+    @property
+    def step_bytes(self) -> int:
+        """Its step at that batch (model state, batch, step peak), without the loop's batches, as planning counts
+        steps."""
+        return self.sizing.measured_bytes - self.sizing.loop_bytes
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.sizing.extrapolated
+
+
+@dataclass(frozen=True)
 class Tried:
     """A measured candidate: its step bytes, or ``None`` when the probe stopped at its limit (does not fit)."""
 
@@ -670,7 +693,8 @@ def measure_copy(m: nn.Module, imgsz: int, batch: int, target: int | None, objec
 
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
-                amp: torch.dtype | None = None, costs: Costs | None = None, measured: dict | None = None) -> Choice:
+                amp: torch.dtype | None = None, costs: Costs | None = None, measured: dict | None = None,
+                sized: BatchFit | None = None) -> Choice:
     """The candidate with the least predicted step time whose measured step at ``batch`` fits ``target`` bytes; its
     step is then timed at ``batch`` (``Choice.measured_seconds``) on a copy, in the memory just measured.
 
@@ -686,6 +710,9 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
             ``()``; ``Over`` values did not fit the target they were measured for), filled in as it measures, so
             that choosing for several targets measures each plan once (again only for a target larger than the one
             it did not fit).
+        sized: The plan whose step set ``batch`` (``choose_plan_and_batch``), known to fit ``target`` there: taken
+            when it is faster than every candidate measured to fit, or when none is, so that a batch set by a plan is
+            never refused.
 
     Raises:
         NothingFits: One line when not even the plan that keeps the least fits, with a bound on what it needs.
@@ -718,7 +745,14 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         return chosen(plain, got, [])
     ranked = candidates(costs, batch, fixed)
     fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
-    if best := _fastest_fitting(fitting, target, measure, len(tried)):
+    best = _fastest_fitting(fitting, target, measure, len(tried))
+    if sized is not None:  # the same plan at this batch (its bytes and time predicted here)
+        known = next(c for c in ranked if (c.units, c.modes) == (sized.candidate.units, sized.candidate.modes))
+        if best is None or known.seconds < best[0].seconds:
+            extrapolated |= sized.extrapolated
+            tried.append(Tried(known, sized.step_bytes))
+            best = (known, sized.step_bytes)
+    if best:
         return chosen(*best, [a for a in fitting if a.seconds >= best[0].seconds and a != best[0]][:3])
     least_first = sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))  # a tie: the plan that recomputes more
     for c in least_first[:3]:
@@ -782,7 +816,8 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     the training images), then the fastest plan (least predicted step time) that fits at that batch.
 
     The plans predicted to keep about the least are measured at the batch the first of them allows; the one measured
-    to keep the least sets the batch (``plan_batch``). At every batch the training loop's other batches
+    to keep the least sets the batch (``plan_batch``), and is the choice there unless a faster plan is measured to fit
+    (predictions at that batch may miss it: it is never refused). At every batch the training loop's other batches
     (``measure.loop_bytes``) count against the share, as ``plan_batch`` counts them: the choice's ``target_bytes``
     is the share less them, at its batch, as for a fixed batch.
 
@@ -808,17 +843,20 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         raise ValueError(f"checkpoint_stages=auto: not even batch 1 fits {fraction:.0%} of {budget / 2**30:.3f} GB at "
                          f"imgsz {imgsz} with {describe(near[0])}") from None
     sizes = {}  # the plans predicted to keep about the least, measured at that batch: the least sets the batch
+    measured = {}  # the same steps for ``choose_plan`` (a plan that did not fit there is not measured again)
     for c in near:
-        got, _ = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), costs, objects, amp)
+        got, extra = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), costs, objects, amp)
+        if not extra:  # an extrapolated step is measured again there, so that the choice says it is one
+            measured[(c.units, c.modes, first.batch)] = Over(step_target(first.batch)) if got is None else got
         if got is not None:
             sizes[c] = got
     least = min(sizes, key=lambda c: (sizes[c], c.seconds)) if sizes else near[0]
-    best = first if least == near[0] or first.batch >= max_batch else max(first, largest(least),
-                                                                           key=lambda b: b.batch)
-    try:
-        return choose_plan(model, imgsz, best.batch, step_target(best.batch), objects, amp, costs)
-    except NothingFits as e:  # what the share must hold for it: its step and the loop's batches at that batch
-        raise NothingFits(str(e), e.needed + target - step_target(best.batch)) from None
+    sized = BatchFit(near[0], first)
+    if least != near[0] and first.batch < max_batch and (second := largest(least)).batch > first.batch:
+        sized = BatchFit(least, second)
+    # ``sized`` fits there (its step is one ``plan_batch`` measured, or extrapolated, within the share less the
+    # loop's batches), so ``choose_plan`` never refuses that batch
+    return choose_plan(model, imgsz, sized.batch, step_target(sized.batch), objects, amp, costs, measured, sized)
 
 
 def escalations(costs: Costs, current: int, batch: int, fixed: int) -> list[Candidate]:
