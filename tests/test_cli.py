@@ -1,5 +1,6 @@
 """`yolo-ckpt` against `yolo`: same grammar and errors; bad checkpoint_stages stop before any work."""
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -8,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
 from yolo_ckpt import YOLO, CheckpointConfigError
@@ -49,26 +49,15 @@ def test_unknown_key_gives_the_yolo_error():
     assert "Similar arguments are i.e. ['checkpoint_mode=full'" in last_line(typo.stderr)
 
 
-def in_process(args: list[str], capsys, monkeypatch) -> tuple[int, str]:
-    """``yolo-ckpt *args`` in this process (Ultralytics' entrypoint reads sys.argv, restored after), its output."""
-    from ultralytics.utils import LOGGER
-
-    from yolo_ckpt.cli import main
-
-    for h in LOGGER.handlers:  # bound to the stdout of import time: write to the captured one
-        monkeypatch.setattr(h, "stream", sys.stdout)
-    saved = sys.argv[:]
-    try:
-        rc = main(args)
-    finally:
-        sys.argv[:] = saved
-    out = capsys.readouterr()
-    return rc, out.out + out.err
+def as_user(args: list[str]) -> tuple[int, str]:
+    """``yolo-ckpt *args`` as a user runs it, in a process of its own: its exit code and everything it printed."""
+    out = run(sys.executable, "-m", "yolo_ckpt", *args)
+    return out.returncode, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("args", [["help"], ["train", "help"], ["train", "--help"], ["-h"], []])
-def test_help_lists_our_keys_and_profile_then_ultralytics_help(args, capsys, monkeypatch):
-    rc, text = in_process(args, capsys, monkeypatch)
+def test_help_lists_our_keys_and_profile_then_ultralytics_help(args):
+    rc, text = as_user(args)
     assert rc == 0
     ours = yaml.safe_load((Path(__file__).parents[1] / "cfg" / "default.yaml").read_text())
     for key, default in ours.items():  # each key with its default, valid values and an example
@@ -98,11 +87,11 @@ def test_help_examples_are_valid_settings(yolo11n):
 
 
 @pytest.mark.parametrize("word", ["version", "--version", "-v"])
-def test_version_prints_ours_and_ultralytics(word, capsys, monkeypatch):
+def test_version_prints_ours_and_ultralytics(word):
     import ultralytics
 
-    rc, text = in_process([word], capsys, monkeypatch)
-    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    rc, text = as_user([word])
+    project = importlib.metadata.version("yolo-ckpt")  # the installed distribution's, from pyproject.toml
     lines = text.splitlines()
     assert rc == 0 and lines[:2] == [f"yolo-ckpt {project}", f"ultralytics {ultralytics.__version__}"]
 
