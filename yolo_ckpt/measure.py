@@ -100,6 +100,9 @@ def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJE
         b["keypoints"] = torch.rand(n, *model.kpt_shape, generator=g)
     if isinstance(model, SegmentationModel):
         b["masks"] = torch.randint(0, objects + 1, (batch, imgsz // 4, imgsz // 4), generator=g).float()
+        # class ids per mask pixel, as Ultralytics' ``Format`` gives every segment batch; YOLO26's semantic aux loss
+        # reads them
+        b["sem_masks"] = torch.randint(0, nc, (batch, imgsz // 4, imgsz // 4), generator=g).float()
     return {k: v.to(device) for k, v in b.items()}
 
 
