@@ -25,6 +25,7 @@ from yolo_ckpt.device import (
     is_oom,
     output_bytes,
     simulated_device,
+    unless_oom,
 )
 from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_bytes
 from yolo_ckpt.memory import LiveTensorTracker
@@ -347,3 +348,39 @@ def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(
     assert r.log.count("is more than simulated device") == 1 and "extrapolated from steps at batches" in r.log
     # the batch planned for the budget does not fit this device: the first epoch's retry takes it down
     assert r.trainer.batch_size < r.batch
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA out of memory. Tried to allocate 2.00 GiB",
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+    "GET was unable to find an engine to execute this computation",
+])
+def test_every_memory_error_ultralytics_retries_means_does_not_fit(message):
+    """The messages Ultralytics' first-epoch retry takes for memory errors (``BaseTrainer._do_train``, 8.4.190): a
+    probe that raises one of them did not fit, as the retry would have it; any other error stays an error."""
+    def raising(text: str):
+        def probe():
+            raise RuntimeError(text)
+        return probe
+
+    assert is_oom(RuntimeError(message)) and unless_oom(raising(message)) is None
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        unless_oom(raising("shape mismatch"))
+
+
+def test_cuda_memory_honours_the_per_process_fraction(monkeypatch):
+    """``torch.cuda.set_per_process_memory_fraction(0.5)`` caps what this process may reserve: half of a 16 GB GPU,
+    however much of it is free (torch.cuda mocked: the numbers of a GPU with 10 GB free, 2 GB reserved, 1 GB allocated
+    by this process)."""
+    gb = 2**30
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (10 * gb, 16 * gb))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 2 * gb)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 1 * gb)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 1.0)
+    whole = device_memory("cuda:0")
+    assert (whole.usable, whole.free) == (12 * gb, 11 * gb)  # free + reserved, less what is allocated
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 0.5)
+    half = device_memory("cuda:0")
+    assert (half.total, half.usable, half.free) == (16 * gb, 8 * gb, 7 * gb)

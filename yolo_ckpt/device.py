@@ -213,17 +213,28 @@ def device_memory(device: torch.device | str | None) -> DeviceMemory | None:
         index = device.index if device.index is not None else torch.cuda.current_device()
         free, total = torch.cuda.mem_get_info(index)
         reserved, allocated = torch.cuda.memory_reserved(index), torch.cuda.memory_allocated(index)
-        return DeviceMemory(total, free + reserved, free + reserved - allocated, ALLOCATOR_MARGIN, f"cuda:{index}")
+        # ``set_per_process_memory_fraction`` caps what this process's allocator may reserve, whatever is free
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(index)  # torch >= 2.6
+        usable = min(free + reserved, int(fraction * total))
+        return DeviceMemory(total, usable, max(usable - allocated, 0), ALLOCATOR_MARGIN, f"cuda:{index}")
     if (sim := simulated_device()) is not None:
         free, total = sim.mem_get_info()
         return DeviceMemory(total, total, free, 1.0, f"simulated device ({total / 2**30:.3f} GB)")
     return None
 
 
+CUDA_MEMORY_ERRORS = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_INTERNAL_ERROR", "unable to find an engine")
+"""Besides "out of memory": what cuBLAS and cuDNN raise when they cannot allocate their workspaces, which
+Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) treats as memory errors too."""
+
+
 def is_oom(e: BaseException) -> bool:
-    """Whether ``e`` means "does not fit": an out-of-memory error as Ultralytics' retry recognises one (CUDA's, or a
-    simulated device's), or a probe that reached its share."""
-    return isinstance(e, LimitReached) or isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+    """Whether ``e`` means "does not fit": a memory error as Ultralytics' retry recognises one (CUDA's out of memory,
+    cuBLAS/cuDNN workspace failures, a simulated device's), or a probe that reached its share."""
+    if isinstance(e, LimitReached):
+        return True
+    text = str(e) if isinstance(e, RuntimeError) else ""
+    return "out of memory" in text.lower() or any(s in text for s in CUDA_MEMORY_ERRORS)
 
 
 def unless_oom(measure: Callable[[], T], device: torch.device | str | None = None) -> T | None:
