@@ -249,3 +249,20 @@ def test_frozen_stages_are_not_recomputed(detect_data, tmp_path):
     vanilla, ckpt = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, epochs=1, imgsz=160, freeze=3)
     assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), set(range(3, 11)))
     assert_same_run(vanilla, ckpt)
+
+
+@pytest.mark.parametrize("device, cuda", [
+    ("cpu", False), ("mps", False), ("mps:0", False), ("xpu:0", False), ("npu:0", False), ("npu", False),
+    ("tpu", False), ("0", True), ("0,1", True), ("[0, 1]", True), ("cuda", True), ("cuda:1", True), ("-1", True),
+    (0, True), ([0, 1], True),
+])
+def test_the_training_device_decides_cuda(device, cuda, monkeypatch):
+    """The device strings Ultralytics' ``select_device`` takes (8.4.190: cpu, mps, npu, xpu, tpu pass to their own
+    backends; indices, ``cuda``/``cuda:N`` and ``-1`` to CUDA); no device: CUDA when the machine has it."""
+    from yolo_ckpt.trainer import trains_on_cuda
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert trains_on_cuda(device) is cuda
+    assert trains_on_cuda(None) and trains_on_cuda("")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not trains_on_cuda(None) and trains_on_cuda(device) is cuda

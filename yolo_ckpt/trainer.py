@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,11 +101,14 @@ def check_settings(model: Any, args: dict) -> None:
 
 def trains_on_cuda(device: Any) -> bool:
     """Whether Ultralytics' ``select_device`` puts a run with ``device=`` on CUDA (the training device decides, not
-    whether the machine has CUDA): ``cpu``/``mps`` never, nothing given when CUDA is available, indices always."""
-    name = str(device if device is not None else "").strip().lower()
-    if name in {"cpu", "mps"} or name.startswith("mps"):
-        return False
-    return bool(name) or torch.cuda.is_available()
+    whether the machine has CUDA): nothing given when CUDA is available; ``cuda``, ``cuda:N``, indices (``0``,
+    ``0,1``, ``[0, 1]``, ``-1`` for an idle GPU) always; ``cpu``, ``mps``, ``npu``, ``xpu`` and every other backend
+    never (the same spellings ``ultralytics.utils.torch_utils.parse_device`` reads, 8.4.190, without its GPU
+    queries)."""
+    name = re.sub(r"[\s()\[\]']", "", str(device if device is not None else "")).lower().replace("cuda:", "")
+    if name in {"", "none"}:
+        return torch.cuda.is_available()
+    return name == "cuda" or re.fullmatch(r"-?\d+(,-?\d+)*", name) is not None
 
 
 # Ultralytics head modules and the task each trains (8.4.190), most specific first: Segment, Pose and OBB subclass
