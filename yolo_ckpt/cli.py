@@ -300,7 +300,9 @@ def profile(args: list[str]) -> list[Path]:
     from .trainer import DEFAULT_CFG_DICT_CKPT, check_settings
 
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
-    cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, **overrides, "mode": "profile"})
+    # no task= given: the model's own (``_profile_model``), as ``train`` infers it, not Ultralytics' default detect
+    cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, "task": None, **overrides,
+                             "mode": "profile"})
     model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
     check_settings(model_name, vars(cfg))  # as train does: one line before anything is measured
     model, amp = _profile_model(model_name, cfg)
