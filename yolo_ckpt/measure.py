@@ -26,7 +26,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -254,43 +253,6 @@ def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dt
             ts.append(clock() - t0)
             model.zero_grad(set_to_none=True)
     return [statistics.median(ts) if ts else 0.0 for ts in times]
-
-
-@dataclass
-class Step:
-    """One measured training step.
-
-    Attributes:
-        peak_bytes (int): Exact peak of live tensor bytes the step allocated (activations, gradients, loss).
-        flops (int): Convolution/matmul FLOPs of forward, recompute and backward.
-        seconds (float): Median wall-clock time of the step.
-        saved_bytes (int): Tensor bytes still alive after forward, i.e. kept for backward.
-        cuda_peak_bytes (int | None): ``torch.cuda.max_memory_allocated`` of the batch's device over the timed steps,
-            less what was allocated before them (CUDA only).
-    """
-
-    peak_bytes: int
-    flops: int
-    seconds: float
-    saved_bytes: int
-    cuda_peak_bytes: int | None = None
-
-
-def measure_step(model: nn.Module, batch: dict, repeats: int = 3, amp: torch.dtype | None = None) -> Step:
-    """Measure ``model.loss(batch)`` forward + backward: exact memory, FLOPs, median time (see ``measure_peak``
-    and ``step_flops``)."""
-    with FlopCount() as counter:  # keeps nothing alive: the step measured is the plain step
-        mem = measure_peak(model, batch, amp)
-    flops = counter.flops
-    device = batch["img"].device
-    cuda = device.type == "cuda" and repeats > 0
-    if cuda:  # the allocator's own peak over the timed steps, on the batch's device, beyond what already lives there
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-    seconds = time_steps([model], batch, repeats, amp)[0]
-    cuda_peak = torch.cuda.max_memory_allocated(device) - before if cuda else None
-    return Step(mem.peak, flops, seconds, mem.saved, cuda_peak)
 
 
 def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None) -> nn.Module:
