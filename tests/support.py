@@ -355,6 +355,26 @@ class OOMTwice:
         return super().preprocess_batch(batch)
 
 
+class OOMFourTimes:
+    """Raise a CUDA-style out-of-memory error on the first four training steps, inside Ultralytics' retry block: one
+    more than its three halvings take."""
+
+    def preprocess_batch(self, batch):
+        self.oom_raised = getattr(self, "oom_raised", 0) + 1
+        if self.oom_raised <= 4:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (raised by the test, "
+                                         f"{self.oom_raised} of 4)")
+        return super().preprocess_batch(batch)
+
+
+class VanillaOOMFourTimes(OOMFourTimes, yolo.detect.DetectionTrainer):
+    """Ultralytics' detection trainer hitting four OOMs in a row."""
+
+
+class CkptOOMFourTimes(OOMFourTimes, DetectionTrainer):
+    """Our detection trainer hitting four OOMs in a row."""
+
+
 class VanillaOOMOnce(OOMOnce, yolo.detect.DetectionTrainer):
     """Ultralytics' detection trainer hitting one OOM."""
 

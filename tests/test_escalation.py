@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+import torch
 import ultralytics
 import yaml
 from ultralytics.utils import LOGGER
@@ -81,6 +83,24 @@ def test_a_plan_that_keeps_the_least_hands_over_to_ultralytics_halving(detect_da
     model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), checkpoint_stages="all",
                 checkpoint_layers="head", **{**ARGS, "save_period": -1})
     assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] // 2
+
+
+def test_escalations_spend_none_of_ultralytics_halving_retries(detect_data, tmp_path):
+    """Four out-of-memory errors at the start of the first epoch: Ultralytics' retry halves three times at most, so
+    vanilla ends at the fourth. Here the first errors escalate at the same batch and spend none of those three: the
+    run trains, and it halved once for each error that escalation did not take."""
+    from support import CkptOOMFourTimes, VanillaOOMFourTimes
+
+    with pytest.raises(torch.OutOfMemoryError, match="4 of 4"):
+        ultralytics.YOLO("yolo11n.yaml").train(trainer=VanillaOOMFourTimes, data=detect_data, project=str(tmp_path),
+                                               name="vanilla", **ARGS)
+    model = YOLO("yolo11n.yaml")
+    with escalations_logged() as plans:
+        model.train(trainer=CkptOOMFourTimes, data=detect_data, project=str(tmp_path), name="ours",
+                    checkpoint_stages=[2, 3], **ARGS)
+    assert model.trainer.oom_raised > 4 and plans, plans  # trained on, after at least one escalation
+    assert model.trainer.batch_size == max(ARGS["batch"] // 2 ** (4 - len(plans)), 1)
+    assert len(results(Path(model.trainer.save_dir))) == ARGS["epochs"]
 
 
 def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect_data, tmp_path):

@@ -193,6 +193,10 @@ def escalation_point(trainer: Any) -> None:
     model = unwrap_model(trainer.model)
     if trainer._escalate:
         trainer._escalate = False
+        # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private, 8.4.190) and, being
+        # non-zero, it restarted the epoch (that decision is behind us now); give it back, so that the halvings left
+        # are vanilla's. Escalation ends: each plan keeps less than the last, and the one that keeps least halves.
+        trainer._oom_retries -= 1
         trainer._escalate_plan()
         snap = trainer._snapshot
         if snap is not None and trainer.ema.updates == snap.ema_updates:  # no optimizer step yet: a fresh start
