@@ -103,6 +103,24 @@ def test_escalations_spend_none_of_ultralytics_halving_retries(detect_data, tmp_
     assert len(results(Path(model.trainer.save_dir))) == ARGS["epochs"]
 
 
+def test_auto_that_chose_vanilla_still_escalates(detect_data, tmp_path):
+    """``auto`` with room for vanilla installs no plan; an out-of-memory error then escalates at the same batch, as
+    from any plan (it halved the batch: no plan was installed to escalate from)."""
+    from support import SMALL, CkptOOMOnce, auto_budget
+
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    budget = auto_budget(str(cfg), detect_data, ARGS["imgsz"], ARGS["batch"], 4.0)  # four vanilla steps' room
+    model = YOLO(str(cfg))
+    with escalations_logged() as plans:
+        model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), checkpoint_stages="auto",
+                    memory_budget=budget, **ARGS)
+    assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] and len(plans) == 1, plans
+    chosen = {k: v for k, v in yaml.safe_load((Path(model.trainer.save_dir) / "args.yaml").read_text()).items()
+              if k in KEYS}
+    assert chosen["checkpoint_stages"] or chosen["checkpoint_layers"], chosen  # a plan, where auto had none
+
+
 def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect_data, tmp_path):
     """Out of memory twice at the start: two escalations, each to a plan keeping less, at the same batch; the run is
     then bit for bit the run started with the last plan (BatchNorm buffers and generators back to the epoch start)."""

@@ -699,7 +699,8 @@ class CheckpointMixin(DistributedMixin):
         """
         held, model = self._pipeline_batch, unwrap_model(self.model)
         settings = {k: getattr(self.args, k) for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")}
-        if held is not None and self.batch_size < held and RANK == -1 and checkpoint_plan(model) is not None \
+        checkpoints = checkpoint_plan(model) is not None or self._plan_costs is not None  # auto may choose vanilla
+        if held is not None and self.batch_size < held and RANK == -1 and checkpoints \
                 and not keeps_least(settings, self._stages):
             self.args.batch = self.batch_size = held
             self._escalate = True
