@@ -1,11 +1,13 @@
 """Checkpointed training against vanilla Ultralytics training: bit for bit, same files, same resume."""
 
+import copy
 import os
 import pickletools
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -266,3 +268,58 @@ def test_the_training_device_decides_cuda(device, cuda, monkeypatch):
     assert trains_on_cuda(None) and trains_on_cuda("")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not trains_on_cuda(None) and trains_on_cuda(device) is cuda
+
+
+def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
+    """Under DDP rank 0 plans and broadcasts its decision; an error of any kind there (not only a settings error) is
+    broadcast before rank 0 raises it, so the other ranks stop with a line naming it instead of waiting in the
+    broadcast until the collective times out (torch.distributed mocked: rank 0's broadcast is what rank 1 gets)."""
+    import torch.distributed as dist
+
+    from yolo_ckpt import trainer as tr
+
+    sent = []
+
+    def broadcast(box, src):
+        if tr.RANK == 0:
+            sent.append(box[0])
+        else:
+            box[0] = sent[-1]
+
+    def choose(*args):
+        raise KeyError("sem_masks")
+
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), _choose=choose)
+    monkeypatch.setattr(tr, "RANK", 0)
+    with pytest.raises(KeyError, match="sem_masks"):
+        tr.CheckpointMixin._auto_plan(fake, 1)
+    assert sent == [{"failed": "KeyError: 'sem_masks'"}]
+    monkeypatch.setattr(tr, "RANK", 1)
+    with pytest.raises(RuntimeError, match=r"rank 0 failed while planning \(KeyError: 'sem_masks'\)"):
+        tr.CheckpointMixin._auto_plan(fake, 1)
+
+
+def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeypatch):
+    """``auto``'s confirming step on CUDA runs where the allocator may need more than the tensor bytes planned: its
+    out-of-memory error is a log line, never the run's end (torch.cuda mocked; the step raises CUDA's error)."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    from yolo_ckpt import measure
+    from yolo_ckpt import trainer as tr
+    from yolo_ckpt.device import DeviceMemory
+
+    from support import MINI
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(tr, "device_memory", lambda device: DeviceMemory(2**30, 2**30, 2**30, 1.1, "cuda:0"))
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args: None)
+    monkeypatch.setattr(measure, "step_loss", out_of_memory)
+    fake = SimpleNamespace(memory_target=2**20, device=torch.device("cuda", 0))
+    model = DetectionModel(copy.deepcopy(MINI), verbose=False).train()
+    line = tr.CheckpointMixin._confirm_on_cuda(fake, model, {"checkpoint_stages": [1], "checkpoint_mode": "full",
+                                                             "checkpoint_layers": None}, 2, 64, 10, None)
+    assert "ran out of memory when confirmed" in line

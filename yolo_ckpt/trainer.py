@@ -40,7 +40,7 @@ from ultralytics.utils.patches import override_configs, torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
 from .autobatch import parse_memory, plan_batch
-from .device import SimulatedDevice, device_memory, release
+from .device import SimulatedDevice, device_memory, release, unless_oom
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .escalation import Snapshot, keeps_least, next_plan
@@ -577,19 +577,27 @@ class CheckpointMixin(DistributedMixin):
         it broadcasts; "nothing fits" stops every rank with the same line.
         """
         model = unwrap_model(self.model)
-        decision = None
+        decision, failure = None, None
         if RANK in {-1, 0}:
             try:
                 with random_state_kept(self.device):
                     decision = self._choose(model, objects, autobatch, dataset_size)
             except CheckpointConfigError as e:
                 decision = {"error": str(e)}
+            except Exception as e:  # the other ranks wait in the broadcast: tell them, then raise it here
+                if RANK == -1:
+                    raise
+                failure, decision = e, {"failed": f"{type(e).__name__}: {e}"}
         if RANK != -1:  # the process group exists: Ultralytics set it up before _setup_train
             import torch.distributed as dist
 
             box = [decision]
             dist.broadcast_object_list(box, 0)
             decision = box[0]
+        if failure is not None:
+            raise failure
+        if "failed" in decision:
+            raise RuntimeError(f"checkpoint_stages=auto: rank 0 failed while planning ({decision['failed']})")
         if "error" in decision:
             raise CheckpointConfigError(decision["error"])
         for k, v in decision["settings"].items():
@@ -647,7 +655,9 @@ class CheckpointMixin(DistributedMixin):
                      f"timed batch-1 steps: vanilla, and each unit alone in each of its modes; "
                      f"{len(choice.tried)} candidates measured at batch {choice.batch})")
         if self.device.type == "cuda":
-            lines.append(self._confirm_on_cuda(model, s, choice.batch, imgsz, objects, amp))
+            lines.append(f"{PREFIX} auto: not confirmed on {self.device}: the batch was extrapolated beyond what it "
+                         f"holds" if choice.extrapolated else self._confirm_on_cuda(model, s, choice.batch, imgsz,
+                                                                                   objects, amp))
         return {"settings": s, "batch": choice.batch, "lines": lines}
 
     def _confirm_on_cuda(self, model: nn.Module, settings: dict, batch: int, imgsz: int, objects: int,
@@ -658,16 +668,22 @@ class CheckpointMixin(DistributedMixin):
 
         dev = device_memory(self.device)
         target = int(self.memory_target * dev.margin)
-        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
-                          settings["checkpoint_layers"] or None) as m:
-            data = training_batch(m, imgsz, batch, objects)
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            step_loss(m, data, amp).backward()
-            torch.cuda.synchronize(self.device)
-            reserved = torch.cuda.max_memory_reserved(self.device)
-            del data
+
+        def step() -> int:  # the device bounds it: a memory error is "does not fit" (``unless_oom``), never the run's
+            with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
+                              settings["checkpoint_layers"] or None) as m:
+                data = training_batch(m, imgsz, batch, objects)
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                step_loss(m, data, amp).backward()
+                torch.cuda.synchronize(self.device)
+                return torch.cuda.max_memory_reserved(self.device)
+
+        reserved = unless_oom(step, self.device)
         release(self.device)
+        if reserved is None:
+            return (f"{PREFIX} auto on {dev.name}: the chosen plan's step ran out of memory when confirmed (the "
+                    f"allocator needs more than the tensor bytes planned): escalation follows if training does too")
         verdict = "confirmed" if reserved <= target else "over the target: escalation follows an out-of-memory"
         return (f"{PREFIX} auto on {dev.name}: max_memory_reserved {reserved / 2**30:.3f} GB of "
                 f"{target / 2**30:.3f} GB ({verdict})")
