@@ -59,7 +59,9 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
     if plan is None or not plan.regions:
         LOGGER.info(f"{PREFIX} compare: nothing was recomputed in this run")
         return None
-    batch, imgsz, name = max(int(trainer.batch_size), 1), int(trainer.args.imgsz), plan.describe(mode)
+    # per process, as each trains: Ultralytics' ``batch_size`` is the global batch, split across DDP's ranks
+    batch = max(int(trainer.batch_size) // max(getattr(trainer, "world_size", 1), 1), 1)
+    imgsz, name = int(trainer.args.imgsz), plan.describe(mode)
     layers = plan.layer_spec() or None
     copy = deepcopy(model).train()  # the plans are measured on copies of a plain, train-mode copy
     disable_checkpointing(copy)

@@ -1,0 +1,40 @@
+"""``checkpoint_compare``: the run's plan against vanilla at the batch each process trained."""
+
+from copy import deepcopy
+from types import SimpleNamespace
+
+from ultralytics.cfg import get_cfg
+from ultralytics.nn.tasks import DetectionModel
+
+from yolo_ckpt import summary
+from yolo_ckpt.measure import measure_peak, training_batch
+from yolo_ckpt.model import enable_checkpointing
+from yolo_ckpt.stages import CheckpointPlan
+
+from support import MINI
+
+
+def test_compare_under_ddp_measures_the_batch_of_one_rank(monkeypatch, tmp_path):
+    """Ultralytics' ``batch_size`` is the global batch; under DDP each rank trains ``batch_size // world_size``
+    images, and that is the step compared (it measured the global batch, on one GPU), checked against the plain step
+    measured independently at that batch."""
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    enable_checkpointing(model, CheckpointPlan.from_spec(model, [1, 2]))
+    batches = []
+
+    def compare(m, imgsz, batch, *args, **kwargs):
+        batches.append(batch)
+        return real(m, imgsz, batch, *args, **kwargs)
+
+    real = summary.compare_plans
+    monkeypatch.setattr(summary, "compare_plans", compare)
+    trainer = SimpleNamespace(model=model, batch_size=4, world_size=2, csv=tmp_path / "results.csv", amp=False,
+                              args=SimpleNamespace(checkpoint_compare=True, imgsz=64, amp=False))
+    vanilla, ours = summary.compare_with_vanilla(trainer)
+    assert batches == [2]
+    plain = DetectionModel(deepcopy(MINI), verbose=False).train()
+    plain.load_state_dict(model.state_dict())
+    plain.args = get_cfg()
+    peak = measure_peak(plain, training_batch(plain, 64, 2)).peak
+    assert vanilla["peak_MiB"] == round(peak / 2**20, 1) and ours["peak_MiB"] < vanilla["peak_MiB"]
