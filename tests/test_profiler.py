@@ -232,3 +232,11 @@ def test_profile_simulate_gpu_on_cuda_is_one_line(tmp_path):
                                                "with device=cpu, or no simulate_gpu on a CUDA device (its own memory "
                                                "counts)."]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_saved_bytes_of_a_stage_follow_the_runs_autocast(mini):
+    """Under autocast (bf16 here, torch's CPU autocast) a stage's convolutions save half-precision outputs: the
+    vanilla column counts what the run's forward saves (it counted the full-precision forward's, whatever ``amp``)."""
+    fp32 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, 256, 2)}
+    bf16 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, 256, 2, amp=torch.bfloat16)}
+    assert fp32.keys() == bf16.keys() and all(0 < bf16[k] < fp32[k] for k in fp32), (fp32, bf16)

@@ -78,14 +78,18 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     return rows
 
 
-def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, ...]]) -> dict[int, int]:
-    """Bytes each stage saves for backward in a plain step, from ``saved_tensors_hooks`` (one count per storage)."""
-    saved: dict[int, dict[int, int]] = {k: {} for k in stages}
+def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, ...]],
+                     amp: torch.dtype | None = None) -> dict[int, int]:
+    """Bytes each stage saves for backward in a plain step under autocast of ``amp`` (as the run's forward), from
+    ``saved_tensors_hooks``, one count per storage."""
+    saved: dict[int, dict[int, torch.UntypedStorage]] = {k: {} for k in stages}
     hooks, contexts = [], {}
 
     def enter(k):
-        def pack(t):  # keeps nothing: no backward follows (see stages.head_layers on what keeping t would leak)
-            saved[k][t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        def pack(t):  # autograd keeps nothing (no backward follows: see stages.head_layers on what keeping t would
+            # leak); the storage is held here until the count, so that a freed one's address is never counted again
+            st = t.untyped_storage()
+            saved[k][st._cdata] = st
 
         contexts[k] = torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None)
         contexts[k].__enter__()
@@ -95,11 +99,11 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
         leave = lambda m, i, o, k=k: contexts[k].__exit__(None, None, None)  # noqa: E731
         hooks.append(model.model[layers[-1]].register_forward_hook(leave))
     try:
-        step_loss(model, data)
+        step_loss(model, data, amp)
     finally:
         for h in hooks:
             h.remove()
-    return {k: sum(v.values()) for k, v in saved.items()}
+    return {k: sum(st.nbytes() for st in v.values()) for k, v in saved.items()}
 
 
 def _stage_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None, stage: int | None = None,
@@ -137,8 +141,8 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
 
     stages = model_stages(model)
     base = _stage_step(model, imgsz, batch, amp)
-    # A forward that keeps nothing it saves: it fits wherever vanilla's whole step fit.
-    saved = _saved_per_stage(model, training_batch(model, imgsz, batch), stages) if base else {}
+    # A forward that keeps what vanilla's keeps, and no backward: it fits wherever vanilla's whole step fit.
+    saved = _saved_per_stage(model, training_batch(model, imgsz, batch), stages, amp) if base else {}
     model.zero_grad(set_to_none=True)
     rows = []
     for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
