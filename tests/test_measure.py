@@ -1,5 +1,7 @@
 """The planning batch (``measure.training_batch``) against what Ultralytics' own losses read."""
 
+from copy import deepcopy
+
 import pytest
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import SegmentationModel
@@ -19,3 +21,19 @@ def test_a_segment_planning_batch_carries_every_key_its_loss_reads(name):
     loss = step_loss(model, batch)
     loss.backward()
     assert loss.isfinite() and loss > 0
+
+
+def test_the_loops_host_images_count_only_where_the_model_trains_on_the_cpu():
+    """Ultralytics' loader collates uint8 images in host memory: on the CPU (and a simulated device) they share the
+    memory a step uses, on an accelerator they do not (a model on the meta device stands in for one here), where
+    only the previous batch, on the device, is held beside the step."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    from yolo_ckpt.measure import batch_bytes, loop_bytes
+
+    from support import MINI, loop_batches
+
+    model = DetectionModel(deepcopy(MINI), verbose=False)
+    assert loop_bytes(model, 64, 2) == loop_batches(model, 64, 2)  # the independent count, from real tensors
+    accelerator = DetectionModel(deepcopy(MINI), verbose=False).to("meta")
+    assert loop_bytes(accelerator, 64, 2) == batch_bytes(model, 64, 2) < loop_batches(model, 64, 2)

@@ -115,8 +115,12 @@ def batch_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS
 def loop_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> int:
     """Bytes of batches Ultralytics' training loop holds during a step beside the one the step trains on: the
     loader's uint8 images, and at every second step's start the previous batch (ultralytics 8.4.190, measured on a
-    simulated device: vanilla's loop alternates by exactly one batch, and ``gc.collect()`` does not free it)."""
-    uint8 = batch * model.yaml.get("channels", 3) * imgsz * imgsz
+    simulated device: vanilla's loop alternates by exactly one batch, and ``gc.collect()`` does not free it).
+
+    The loader's images live in host memory: they count where the model trains on the CPU (a simulated device counts
+    every live CPU tensor), not on an accelerator, which holds only the previous batch."""
+    host = next(model.parameters()).device.type == "cpu"
+    uint8 = batch * model.yaml.get("channels", 3) * imgsz * imgsz if host else 0
     return uint8 + batch_bytes(model, imgsz, batch, objects)
 
 
