@@ -1,4 +1,4 @@
-"""The planning batch (``measure.training_batch``) against what Ultralytics' own losses read."""
+"""The planning batch and the training loop's other batches (``measure``) against what Ultralytics' losses read and its loader holds."""
 
 from copy import deepcopy
 
