@@ -334,37 +334,30 @@ def assert_same_run(v_dir: Path, c_dir: Path, ranks=(-1,)) -> None:
 
 
 # ------------------------------------------------------------------------------------------- test trainers
-class OOMOnce:
-    """Raise a CUDA-style out-of-memory error on the first training step, inside Ultralytics' retry block."""
+class OOMTimes:
+    """Raise a CUDA-style out-of-memory error on the first ``times`` training steps, inside Ultralytics' retry block;
+    ``oom_raised`` counts the steps tried."""
 
-    def preprocess_batch(self, batch):
-        if not getattr(self, "oom_raised", False):
-            self.oom_raised = True
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (raised once by the test)")
-        return super().preprocess_batch(batch)
-
-
-class OOMTwice:
-    """Raise a CUDA-style out-of-memory error on the first two training steps, inside Ultralytics' retry block."""
+    times = 1
 
     def preprocess_batch(self, batch):
         self.oom_raised = getattr(self, "oom_raised", 0) + 1
-        if self.oom_raised <= 2:
+        if self.oom_raised <= self.times:
             raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (raised by the test, "
-                                         f"{self.oom_raised} of 2)")
+                                         f"{self.oom_raised} of {self.times})")
         return super().preprocess_batch(batch)
 
 
-class OOMFourTimes:
-    """Raise a CUDA-style out-of-memory error on the first four training steps, inside Ultralytics' retry block: one
-    more than its three halvings take."""
+class OOMOnce(OOMTimes):
+    times = 1
 
-    def preprocess_batch(self, batch):
-        self.oom_raised = getattr(self, "oom_raised", 0) + 1
-        if self.oom_raised <= 4:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (raised by the test, "
-                                         f"{self.oom_raised} of 4)")
-        return super().preprocess_batch(batch)
+
+class OOMTwice(OOMTimes):
+    times = 2
+
+
+class OOMFourTimes(OOMTimes):
+    times = 4  # one more than Ultralytics' three halvings take
 
 
 class VanillaOOMFourTimes(OOMFourTimes, yolo.detect.DetectionTrainer):

@@ -1,4 +1,5 @@
-"""The planning batch and the training loop's other batches (``measure``) against what Ultralytics' losses read and its loader holds."""
+"""The planning batch and the training loop's other batches (``measure``) against what Ultralytics' losses read and
+its loader holds."""
 
 from copy import deepcopy
 
