@@ -12,3 +12,16 @@ def detect_data() -> str:
     from yolo_ckpt.synthetic import synthetic_dataset
 
     return str(synthetic_dataset("detect"))
+
+
+@pytest.fixture(scope="module")
+def one_launch_at_a_time(tmp_path_factory):
+    """Hold, for a module of multi-process launches (Ultralytics' DDP, torchrun), one lock that every xdist worker
+    shares: two launches at once race for ports and rendezvous and overload two cores. README's ``--dist worksteal``
+    does not honour the modules' ``xdist_group`` marks (only ``--dist loadgroup`` does), so the marks alone did not
+    keep them apart."""
+    import fcntl
+
+    with open(tmp_path_factory.getbasetemp().parent / "yolo-ckpt-launch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield

@@ -42,8 +42,8 @@ from support import (
     results,
 )
 
-# Two DDP launches at once (one per xdist worker) can race for a port or a rendezvous: one worker runs them all.
-pytestmark = pytest.mark.xdist_group("ddp")
+# Two DDP launches at once (one per xdist worker) can race for a port or a rendezvous: one at a time (conftest.py).
+pytestmark = [pytest.mark.xdist_group("ddp"), pytest.mark.usefixtures("one_launch_at_a_time")]  # one launch at a time
 
 STAGES, LAYERS = [2, 3], {1, 2, 3, 4}  # yolo11n: stage 2 = layers 1-2, stage 3 = layers 3-4
 PARTS = ["4.*", "23.cv2.0", "23.cv3.0.0-cv3.0.1:selective"]  # the DDP pair also has regions inside layers (nested)

@@ -44,7 +44,7 @@ from support import (
     results,
 )
 
-pytestmark = pytest.mark.xdist_group("ddp")  # one launch at a time: ports and the 2 cores
+pytestmark = [pytest.mark.xdist_group("ddp"), pytest.mark.usefixtures("one_launch_at_a_time")]  # one launch at a time
 
 TESTS = Path(__file__).parent
 SCRIPT = TESTS / "torchrun_train.py"
