@@ -38,11 +38,18 @@ section estimates in brackets.
 7. A compiled checkpointed step [~1 min]: ``torch.compile`` (inductor) of yolo11n with stages [2,3] in Ultralytics'
    compiled step (model compiled, loss outside): graph count and breaks, allocator peak and step time against the
    same step eager and against eager vanilla.
+8. The whole run on a tight device [~2 min]: yolo11n at imgsz 1280 batch 8, ``checkpoint_stages=auto`` with a
+   ``memory_budget`` whose share is a third of vanilla's step (exact tensor bytes), on a device limited to 1.05x
+   that share (``set_per_process_memory_fraction``), through the final validation (twice the batch, fp16, best.pt
+   loaded beside the training state). PASS: the run ended, the validator's batch is logged, and the allocator's
+   reserved peak of the whole run against the share is reported (the margin a GPU needs beyond tensor bytes).
 
 Without CUDA (``--quick`` on a CPU, as CI runs it) sections 1-2 are SKIPPED (section 1 after running the CUDA tests of
 test_memory.py, which skip or check CPU behaviour), section 3 plans for ``memory_budget=256MB`` (a CPU has no free
 memory to plan for) and reads exact tensor bytes for allocator peaks, and section 4 runs on
-``yolo_ckpt.device.SimulatedDevice`` at imgsz 256 batch 4 where the package has it (else SKIPPED).
+``yolo_ckpt.device.SimulatedDevice`` at imgsz 256 batch 4 where the package has it (else SKIPPED), section 8 at
+imgsz 160 batch 4 with half of vanilla's step on ``yolo_ckpt.device.UntoldDevice`` (a limit planning is not told
+about).
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ from ultralytics.utils import LOGGER, YAML  # noqa: E402
 
 from yolo_ckpt import YOLO  # noqa: E402
 from yolo_ckpt.autobatch import plan_batch  # noqa: E402
+from yolo_ckpt.device import cuda_peak  # noqa: E402
 from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan  # noqa: E402
 from yolo_ckpt.memory import LiveTensorTracker, cuda_peaks  # noqa: E402
 from yolo_ckpt.synthetic import synthetic_dataset  # noqa: E402
@@ -261,12 +269,9 @@ def step_against_allocator(device: str, plan: tuple, imgsz: int, batch: int, amp
     data = training_batch(model, imgsz, batch)
     try:
         measure_peak(model, data, amp)
-        torch.cuda.synchronize(dev)
-        base = torch.cuda.memory_allocated(dev)  # model and batch, alive through the step
-        torch.cuda.reset_peak_memory_stats(dev)
-        tensors = base + measure_peak(model, data, amp)[0]
-        torch.cuda.synchronize(dev)
-        alloc, reserved = cuda_peaks(dev)
+        with cuda_peak(dev) as peak:  # peak.before: model and batch, alive through the step
+            tensors = measure_peak(model, data, amp)[0]
+        tensors, alloc, reserved = peak.before + tensors, peak.allocated, peak.reserved
     finally:
         del model, data
         release(device)
@@ -387,6 +392,43 @@ def escalation(quick: bool, device: str, share: float) -> Section:
         return Section("FAILED", "\n".join(["nothing escalated: [2,3] trained unchanged (did the limit bind?)", "",
                                             *lines]))
     return Section("PASS", "\n".join(lines))
+
+
+def whole_run(quick: bool, device: str) -> Section:
+    """Section 8: ``auto`` at a third of vanilla's step on a device of 1.05x its share, to the end of the run."""
+    from yolo_ckpt.device import UntoldDevice
+    from yolo_ckpt.measure import step_bytes
+
+    imgsz, batch = (160, 4) if quick else (1280, 8)
+    size = {"fraction": batch} if quick else {}
+    objects = 4 * max(len(f.read_text().splitlines())  # mosaic, as the trainer counts the dataset's labels
+                      for f in (synthetic_dataset("detect").parent / "labels" / "train").glob("*.txt"))
+    vanilla = step_bytes(build_model("yolo11n.yaml").to(0 if device == "cuda" else "cpu"), imgsz, batch, objects)
+    release(device)
+    budget = int(vanilla * (0.5 if quick else 1 / 3) / 0.6)  # quick: at 160 px a third fits no plan
+    share = int(0.6 * budget)
+    limit = int(1.05 * share)
+    with tempfile.TemporaryDirectory() as tmp:
+        untold = None if device == "cuda" else UntoldDevice(limit)
+        error, run = None, None
+        with memory_limit(device, limit) if device == "cuda" else untold:
+            try:
+                with log_lines("validation", "auto chose", "out of memory", "escalated") as lines:
+                    run = train(Meter(device, untold), True, "whole", Path(tmp), imgsz=imgsz, batch=batch,
+                                checkpoint_stages="auto", memory_budget=f"{budget}B", **size)
+            except Exception as e:  # the check's verdict, not a crash of the check
+                error = f"{type(e).__name__}: {str(e)[:500]}"
+        peak = cuda_peaks(torch.device("cuda", 0))[1] if device == "cuda" else untold.peak
+    head = (f"yolo11n, imgsz {imgsz}, batch {batch}: vanilla's step {gb(vanilla)} GB (exact tensor bytes); "
+            f"memory_budget={budget}B, share {gb(share)} GB; device limited to {gb(limit)} GB "
+            f"({'set_per_process_memory_fraction' if device == 'cuda' else 'UntoldDevice'}).")
+    if run is None:
+        return Section("FAILED", f"{head}\n\nthe run failed: {error}")
+    body = [head, "", f"- ended at batch {run.trainer.batch_size} with {plan_of(run.args)}, validator batch "
+                      f"{run.trainer.val_batch or 'Ultralytics own'}; the run's peak {gb(peak)} GB "
+                      f"({'reserved' if device == 'cuda' else 'tensor bytes'}), {peak / share:.3f}x the share",
+            "", "Log:", "", "```", *lines, "```"]
+    return Section("PASS", "\n".join(body))
 
 
 # --------------------------------------------------------------------------------------- 5-7: measurement only

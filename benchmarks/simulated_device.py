@@ -6,6 +6,13 @@ Usage:
     python benchmarks/simulated_device.py escalate  # [2,3] at batch 4 on a device of 0.6x vanilla's epoch peak
     python benchmarks/simulated_device.py third     # auto, yolo11n 640 batch 4, a share of 0.33x vanilla's step
     python benchmarks/simulated_device.py third --imgsz 160 --share 0.5   # the same at another size and share
+    python benchmarks/simulated_device.py untold    # the same memory decisions on devices planning is not told about
+
+``untold`` runs each decision inside a ``device.UntoldDevice`` (a hard limit that ``device_memory`` does not see, as a
+GPU whose free memory moved after planning read it): ``[2,3]`` at batch 4 (640 px) on 555 MiB; ``auto`` at 640 px
+batch 4 with the ``memory_budget`` of ``third`` (a share of 0.33x vanilla's step) on 1.05x that share, through the
+final validation; AutoBatch for
+``memory_budget=4GB`` with all stages on 1.5 GB, against the same planning told the device (``SimulatedDevice``).
 
 Each prints what planning chose, whether anything ran out of memory, and the simulated device's peaks (exact live
 tensor bytes): for ``auto`` and ``third`` the planning phase (from the start of training to its first epoch, the
@@ -25,7 +32,7 @@ from ultralytics.utils import LOGGER
 
 from yolo_ckpt import YOLO
 from yolo_ckpt.autobatch import parse_memory, plan_batch
-from yolo_ckpt.device import SimulatedDevice, simulated_device
+from yolo_ckpt.device import SimulatedDevice, UntoldDevice, simulated_device
 from yolo_ckpt.measure import build_model, planned_copy, step_bytes
 from yolo_ckpt.stages import CheckpointConfigError
 from yolo_ckpt.synthetic import synthetic_dataset
@@ -46,12 +53,13 @@ class _AutoLines(logging.Handler):
             self.lines.append(msg)
 
 
-def train(project: str, name: str, **kw) -> dict:
-    """One run on the embedded dataset; the simulated device's peak until the first epoch and in it, auto's lines."""
+def train(project: str, name: str, device: UntoldDevice | None = None, **kw) -> dict:
+    """One run on the embedded dataset; the (simulated or untold) device's peak until the first epoch and in it, in
+    the whole run, and auto's lines."""
     seen = {}
 
     def planning_peak(trainer):  # planning (AutoBatch, auto) ends before the first epoch
-        seen.setdefault("planning", simulated_device().peak)
+        seen.setdefault("planning", (device or simulated_device()).peak)
 
     model = YOLO("yolo11n.yaml")
     model.add_callback("on_train_start", planning_peak)
@@ -67,7 +75,40 @@ def train(project: str, name: str, **kw) -> dict:
     rows = (save / "results.csv").read_text().splitlines()
     epoch = dict(zip([c.strip() for c in rows[0].split(",")], rows[1].split(",")))["mem/peak_tensor_GB"]
     return {"batch": t.batch_size, "plan": {k: args[k] for k in KEYS}, "planning_GB": seen.get("planning", 0) / 2**30,
-            "epoch_GB": float(epoch), "target_GB": (t.memory_target or 0) / 2**30, "auto": log.lines}
+            "epoch_GB": float(epoch), "target_GB": (t.memory_target or 0) / 2**30, "auto": log.lines,
+            "run_GB": device.peak / 2**30 if device is not None else None, "val_batch": t.val_batch}
+
+
+def untold(project: str) -> None:
+    """The issue's three cases on devices planning is not told about; each prints PASS or FAIL on its claim."""
+    with UntoldDevice(555 * 2**20) as dev:
+        r = train(project, "escalate_untold", device=dev, imgsz=640, batch=4, checkpoint_stages=[2, 3])
+    ok = r["batch"] == 4 and dev.peak <= dev.limit
+    print(f"{'PASS' if ok else 'FAIL'} [2,3] batch 4 at 640 on an untold 555 MiB device: trained at batch "
+          f"{r['batch']} with {r['plan']}, epoch peak {r['epoch_GB']:.3f} GB, run peak {r['run_GB']:.3f} GB")
+    budget = third_budget(640)
+    share = int(0.6 * budget)
+    with UntoldDevice(int(1.05 * share)) as dev:
+        r = train(project, "third_untold", device=dev, imgsz=640, batch=4, checkpoint_stages="auto",
+                  memory_budget=f"{budget}B")
+    print("\n".join(r["auto"]))
+    ok = r["run_GB"] * 2**30 <= dev.limit  # the run ended: nothing ran out outside a handler
+    print(f"{'PASS' if ok else 'FAIL'} auto memory_budget={budget}B (a third) at 640 batch 4 on an untold "
+          f"{dev.limit / 2**20:.0f} MiB device (1.05x its share): plan {r['plan']}, validator batch "
+          f"{r['val_batch'] or 'Ultralytics own'}, epoch peak {r['epoch_GB']:.3f} GB, run peak with the final "
+          f"validation {r['run_GB']:.3f} GB")
+    model = build_model("yolo11n.yaml")
+    with planned_copy(model, "all") as m:
+        with SimulatedDevice(parse_memory("1.5GB")) as gpu:
+            gpu.track([*m.parameters(), *m.buffers()])
+            told = plan_batch(m, 640, parse_memory("4GB"), 0.6)
+        with UntoldDevice(parse_memory("1.5GB")) as dev:
+            dev.track([*m.parameters(), *m.buffers()])
+            untold = plan_batch(m, 640, parse_memory("4GB"), 0.6)
+    ratio = untold.batch / told.batch
+    print(f"{'PASS' if abs(ratio - 1) <= 0.25 else 'FAIL'} AutoBatch memory_budget=4GB, all stages, 640 px, 1.5 GB: "
+          f"told batch {told.batch} (from {sorted(told.points)}), untold batch {untold.batch} (from "
+          f"{sorted(untold.points)}, device peak {dev.peak / 2**30:.3f} GB); ratio {ratio:.3f}")
 
 
 def auto(project: str) -> None:
@@ -98,15 +139,25 @@ def escalate(project: str) -> None:
           f"at batch {r['batch']} with {r['plan']}, epoch peak {r['epoch_GB']:.3f} GB")
 
 
+def vanilla_step(imgsz: int) -> tuple[int, int]:
+    """Vanilla's step at batch 4 as planning counts it (model state, batch, exact peak) with the dataset's objects per
+    image as the trainer counts them (the most in one image x4, mosaic), and those objects."""
+    labels = synthetic_dataset("detect").parent / "labels" / "train"
+    objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))
+    return step_bytes(build_model("yolo11n.yaml"), imgsz, 4, objects), objects
+
+
+def third_budget(imgsz: int, share: float = 0.33) -> int:
+    """The ``memory_budget`` whose 60% is ``share`` of vanilla's step."""
+    return int(share * vanilla_step(imgsz)[0] / 0.6)
+
+
 def third(project: str, imgsz: int = 640, share: float = 0.33) -> None:
     """auto asked for a third (``share``) of vanilla's step (model state, batch and exact peak, as planning counts
     it, with the dataset's objects per image as the trainer counts them): memory_budget so that its 60% share is
     0.33x that, on a simulated device of memory_budget, so that planning too runs within the device."""
-    data = synthetic_dataset("detect")
-    labels = data.parent / "labels" / "train"
-    objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # mosaic, as the trainer counts
-    vanilla = step_bytes(build_model("yolo11n.yaml"), imgsz, 4, objects)
-    budget = int(share * vanilla / 0.6)
+    vanilla, objects = vanilla_step(imgsz)
+    budget = third_budget(imgsz, share)
     print(f"vanilla step {vanilla / 2**30:.3f} GB (yolo11n {imgsz} batch 4, {objects} objects per image); "
           f"memory_budget={budget}B: share {0.6 * budget / 2**30:.3f} GB = {0.6 * budget / vanilla:.3f}x")
     try:
@@ -123,7 +174,7 @@ def third(project: str, imgsz: int = 640, share: float = 0.33) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("case", choices=["auto", "budget", "escalate", "third"])
+    p.add_argument("case", choices=["auto", "budget", "escalate", "third", "untold"])
     p.add_argument("--project", default="runs/simulated_device")
     p.add_argument("--imgsz", type=int, default=640, help="third: image size")
     p.add_argument("--share", type=float, default=0.33, help="third: the share of vanilla's step")
@@ -131,5 +182,5 @@ if __name__ == "__main__":
     if a.case == "third":
         third(a.project, a.imgsz, a.share)
     else:
-        {"auto": auto, "budget": budget, "escalate": escalate}[a.case](a.project)
+        {"auto": auto, "budget": budget, "escalate": escalate, "untold": untold}[a.case](a.project)
     sys.exit(0)

@@ -30,6 +30,8 @@ from yolo_ckpt.device import (
 from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_bytes
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, unit_costs
+from yolo_ckpt.run_planning import objects as objects_of
+from yolo_ckpt.stages import CheckpointConfigError
 
 from support import MINI, SMALL, TRAIN_ARGS, auto_budget, loop_batches, measured_step, results
 
@@ -303,7 +305,7 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     assert r.trainer.memory_target == share and 4 < b == r.trainer.batch_size < 16, b  # beyond vanilla's 4
     assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
     if stages != "auto":
-        objects = r.trainer._objects()
+        objects = objects_of(r.trainer)
         with planned_copy(unwrap_model(r.trainer.model), stages) as m:  # the run's classes and frozen layers
             held = [measured_step(m, RUN["imgsz"], n, objects) + loop_batches(m, RUN["imgsz"], n, objects)
                     for n in (b, b + 1)]
@@ -342,7 +344,7 @@ def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(
     r = sim_run(detect_data, tmp_path, "big", checkpoint_stages=[2, 3], batch=-1, memory_budget=f"{budget}B",
                 simulate_gpu=f"{device}B")
     with planned_copy(unwrap_model(r.trainer.model), [2, 3]) as m:  # plain after training, the run's classes
-        unlimited = plan_batch(m, RUN["imgsz"], budget, 0.6, objects=r.trainer._objects())
+        unlimited = plan_batch(m, RUN["imgsz"], budget, 0.6, objects=objects_of(r.trainer))
     assert unlimited.batch < 16 and abs(r.batch - unlimited.batch) <= 0.1 * unlimited.batch, (r.batch, unlimited)
     assert r.planning <= device
     assert r.log.count("is more than simulated device") == 1 and "extrapolated from steps at batches" in r.log
@@ -384,3 +386,53 @@ def test_cuda_memory_honours_the_per_process_fraction(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 0.5)
     half = device_memory("cuda:0")
     assert (half.total, half.usable, half.free) == (16 * gb, 8 * gb, 7 * gb)
+
+
+def test_device_strings_read_as_ultralytics_reads_them():
+    """One parser for ``device=`` (``select_device``'s spellings, 8.4.190): the CUDA check, Ultralytics' world size
+    and torchrun's device all read it."""
+    from yolo_ckpt.device import parse_device
+    from yolo_ckpt.distributed import ultralytics_world
+
+    assert parse_device("cuda:0,1") == parse_device("[0, 1]") == parse_device([0, 1]) == ("cuda", [0, 1])
+    assert parse_device("0") == ("cuda", [0]) and parse_device(-1) == ("cuda", [-1])
+    assert parse_device("cuda") == ("cuda", []) and parse_device(None) == parse_device("") == ("", [])
+    assert parse_device("cpu") == ("cpu", []) and parse_device("xpu:0")[0] == "xpu" and parse_device("mps")[0] == "mps"
+    assert [ultralytics_world(d) for d in ("cpu", "mps", "", "0", "0,1,2", "cuda:1")] == [0, 0, 1, 1, 3, 1]
+
+
+def test_a_simulated_allocator_counts_cuda_blocks():
+    """``simulate_allocator``: each tensor counts for its caching-allocator block — 512-byte multiples, a request
+    of 10 MiB or more its own segment rounded to 2 MiB unless the tail left is more than 1 MiB (then split off) —
+    so a step's peak there is above its exact bytes, by at most a block's rounding per live tensor."""
+    from yolo_ckpt.device import cuda_block_bytes
+
+    mib = 2**20
+    assert [cuda_block_bytes(n) for n in (1, 512, 513, mib)] == [512, 512, 1024, mib]
+    assert cuda_block_bytes(11 * mib + 1) == 12 * mib and cuda_block_bytes(10 * mib + 1) == 10 * mib + 512
+    with SimulatedDevice(2**30, allocator=True) as gpu:
+        a = torch.zeros(1, dtype=torch.uint8)
+        b = torch.zeros(11 * mib + 1, dtype=torch.uint8)
+        assert gpu.memory_allocated() == 512 + 12 * mib
+        del a, b
+    assert gpu.current == 0
+    model = small_model(MINI)
+    exact = step_bytes(model, 64, 2)
+    with SimulatedDevice(2**30, allocator=True) as gpu:  # the step's peak is the device's peak above what it held
+        held = gpu.current
+        step_bytes(model, 64, 2)
+        rounded_peak = gpu.peak - held
+    with SimulatedDevice(2**30) as gpu:
+        held = gpu.current
+        step_bytes(model, 64, 2)
+        exact_peak = gpu.peak - held
+    assert exact_peak < rounded_peak, (exact_peak, rounded_peak)
+    assert exact_peak <= exact  # the device sees the step's tensors, not the model state step_bytes adds
+
+
+def test_simulate_allocator_needs_a_simulated_gpu():
+    from yolo_ckpt.trainer import check_settings
+
+    with pytest.raises(CheckpointConfigError, match=r"^simulate_allocator=True .* Valid: with simulate_gpu=SIZE"):
+        check_settings("yolo11n.yaml", {"simulate_allocator": True, "device": "cpu"})
+    check_settings("yolo11n.yaml", {"simulate_allocator": True, "simulate_gpu": "1GB", "device": "cpu"})

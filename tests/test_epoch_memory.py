@@ -14,7 +14,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from yolo_ckpt import YOLO, CheckpointPlan
 from yolo_ckpt.epoch_memory import EpochPeak, is_compiled
+from yolo_ckpt.measure import build_model
 from yolo_ckpt.memory import GB, LiveTensorTracker
+from yolo_ckpt.planner import deepest
 
 from support import (
     TRAIN_ARGS,
@@ -133,7 +135,7 @@ def test_compiled_models_are_recognised():
 def test_oom_retry_continues_at_half_the_batch_like_vanilla(detect_data, tmp_path):
     """Ultralytics halves the batch and restarts the first epoch on a CUDA out-of-memory error; so do we, exactly."""
     runs = {}
-    whole = {"checkpoint_stages": "all", "checkpoint_layers": "head"}  # nothing keeps less: no escalation, it halves
+    whole = deepest(build_model("yolo11n.yaml"))  # nothing keeps less: no escalation, it halves
     for name, trainer, extra in (("vanilla", VanillaOOMOnce, {}), ("ckpt", CkptOOMOnce, whole)):
         model = ultralytics.YOLO("yolo11n.yaml")
         add_counting(model)
@@ -141,7 +143,8 @@ def test_oom_retry_continues_at_half_the_batch_like_vanilla(detect_data, tmp_pat
                     **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False, "save_period": 1, **extra})
         assert model.trainer.oom_raised and model.trainer.batch_size == TRAIN_ARGS["batch"] // 2
         runs[name] = Path(model.trainer.save_dir)
-    layers = {i for r in CheckpointPlan.from_spec("yolo11n.yaml", "all", "head").regions for i in r.layers}
+    layers = {i for r in CheckpointPlan.from_spec("yolo11n.yaml", [], whole["checkpoint_layers"]).regions
+              for i in r.layers}
     assert_recomputed(forward_counts(runs["vanilla"]), forward_counts(runs["ckpt"]), layers)
     assert_same_run(runs["vanilla"], runs["ckpt"])
     assert float(results(runs["ckpt"])[0]["mem/peak_tensor_GB"]) > 0  # the restarted epoch was measured

@@ -15,7 +15,9 @@ from ultralytics.utils import LOGGER
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO
-from yolo_ckpt.measure import planned_copy
+from yolo_ckpt.measure import build_model, planned_copy
+from yolo_ckpt.planner import deepest
+from yolo_ckpt.run_planning import objects as objects_of
 
 from support import (
     TRAIN_ARGS,
@@ -76,13 +78,40 @@ def test_oom_escalates_the_plan_at_the_same_batch_and_trains_as_a_fresh_run(dete
 
 
 def test_a_plan_that_keeps_the_least_hands_over_to_ultralytics_halving(detect_data, tmp_path):
-    """Nothing keeps less than the whole network in full: Ultralytics halves the batch, as vanilla does."""
+    """Nothing keeps less than every unit recomputed with its block layers' parts nested inside: Ultralytics halves
+    the batch, as vanilla does."""
     from support import CkptOOMOnce
 
+    least = deepest(build_model("yolo11n.yaml"))
     model = ultralytics.YOLO("yolo11n.yaml")
-    model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), checkpoint_stages="all",
-                checkpoint_layers="head", **{**ARGS, "save_period": -1})
-    assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] // 2
+    with escalations_logged() as plans:
+        model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), **least,
+                    **{**ARGS, "save_period": -1})
+    assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] // 2 and not plans
+
+
+def test_the_whole_network_in_full_still_escalates_to_nested_parts(detect_data, tmp_path):
+    """Every stage and the head, full, is not the plan that keeps the least where layers have parts (C3k2's,
+    Detect's branches): an out-of-memory error escalates at the same batch to a plan whose step, measured here with a
+    fresh tracker, keeps less (escalation once halved here: its least-keeping plan ignored parts)."""
+    from support import CkptOOMOnce, measured_step
+
+    whole = {"checkpoint_stages": "all", "checkpoint_layers": "head", "checkpoint_mode": "full"}
+    model = YOLO("yolo11n.yaml")
+    with escalations_logged() as plans:
+        model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), **whole,
+                    **{**ARGS, "save_period": -1})
+    assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] and len(plans) == 1, plans
+    chosen = {k: v for k, v in yaml.safe_load((Path(model.trainer.save_dir) / "args.yaml").read_text()).items()
+              if k in KEYS}
+    trained, objects = unwrap_model(model.trainer.model), objects_of(model.trainer)
+
+    def step(plan: dict) -> int:
+        with planned_copy(trained, plan["checkpoint_stages"], plan["checkpoint_mode"],
+                          plan["checkpoint_layers"] or None) as m:
+            return measured_step(m, ARGS["imgsz"], ARGS["batch"], objects)
+
+    assert step(chosen) < step(whole), chosen
 
 
 def test_escalations_spend_none_of_ultralytics_halving_retries(detect_data, tmp_path):
@@ -161,7 +190,7 @@ def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_pa
     assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] and len(lines) == 1, lines
     assert "with parts 2.cv1 23.cv2.0 " in lines[0] and "its step measured" in lines[0], lines[0]
     chosen = {k: v for k, v in yaml.safe_load((esc / "args.yaml").read_text()).items() if k in KEYS}
-    trained, objects = unwrap_model(model.trainer.model), model.trainer._objects()  # the run's classes, plain again
+    trained, objects = unwrap_model(model.trainer.model), objects_of(model.trainer)  # the run's classes, plain again
 
     def step(plan: dict) -> int:
         with planned_copy(trained, plan["checkpoint_stages"], plan["checkpoint_mode"],

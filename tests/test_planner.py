@@ -34,8 +34,9 @@ from yolo_ckpt.planner import (
     split_mode,
     unit_costs,
 )
+from yolo_ckpt.run_planning import auto_report
 from yolo_ckpt.stages import CheckpointConfigError
-from yolo_ckpt.trainer import auto_report, check_settings, saved_settings
+from yolo_ckpt.trainer import check_settings, saved_settings
 
 from support import (
     MINI,

@@ -276,12 +276,12 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
     broadcast until the collective times out (torch.distributed mocked: rank 0's broadcast is what rank 1 gets)."""
     import torch.distributed as dist
 
-    from yolo_ckpt import trainer as tr
+    from yolo_ckpt import run_planning as rp
 
     sent = []
 
     def broadcast(box, src):
-        if tr.RANK == 0:
+        if rp.RANK == 0:
             sent.append(box[0])
         else:
             box[0] = sent[-1]
@@ -290,14 +290,15 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
         raise KeyError("sem_masks")
 
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
-    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), _choose=choose)
-    monkeypatch.setattr(tr, "RANK", 0)
+    monkeypatch.setattr(rp, "choose", choose)
+    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
+    monkeypatch.setattr(rp, "RANK", 0)
     with pytest.raises(KeyError, match="sem_masks"):
-        tr.CheckpointMixin._auto_plan(fake, 1)
+        rp.auto_plan(fake, 1)
     assert sent == [{"failed": "KeyError: 'sem_masks'"}]
-    monkeypatch.setattr(tr, "RANK", 1)
+    monkeypatch.setattr(rp, "RANK", 1)
     with pytest.raises(RuntimeError, match=r"rank 0 failed while planning \(KeyError: 'sem_masks'\)"):
-        tr.CheckpointMixin._auto_plan(fake, 1)
+        rp.auto_plan(fake, 1)
 
 
 def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeypatch):
@@ -306,7 +307,7 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     from ultralytics.nn.tasks import DetectionModel
 
     from yolo_ckpt import measure
-    from yolo_ckpt import trainer as tr
+    from yolo_ckpt import run_planning as rp
     from yolo_ckpt.device import DeviceMemory
 
     from support import MINI
@@ -314,12 +315,37 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(tr, "device_memory", lambda device: DeviceMemory(2**30, 2**30, 2**30, 1.1, "cuda:0"))
+    monkeypatch.setattr(rp, "device_memory", lambda device: DeviceMemory(2**30, 2**30, 2**30, 1.1, "cuda:0"))
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *args: None)
     monkeypatch.setattr(measure, "step_loss", out_of_memory)
     fake = SimpleNamespace(memory_target=2**20, device=torch.device("cuda", 0))
     model = DetectionModel(copy.deepcopy(MINI), verbose=False).train()
-    line = tr.CheckpointMixin._confirm_on_cuda(fake, model, {"checkpoint_stages": [1], "checkpoint_mode": "full",
-                                                             "checkpoint_layers": None}, 2, 64, 10, None)
+    line = rp.confirm_on_cuda(fake, model, {"checkpoint_stages": [1], "checkpoint_mode": "full",
+                                            "checkpoint_layers": None}, 2, 64, 10, None)
     assert "ran out of memory when confirmed" in line
+
+
+def test_ddp_plans_for_the_rank_whose_gpu_has_the_least_memory(monkeypatch):
+    """Under DDP each rank reads its own GPU and rank 0 plans for the smallest: another rank's GPU may have less free
+    than rank 0's (torch.distributed and the CUDA reading mocked: rank 0 holds 70 GB usable, rank 1 30 GB)."""
+    import torch.distributed as dist
+
+    from yolo_ckpt import run_planning as rp
+    from yolo_ckpt.device import DeviceMemory
+
+    mine = DeviceMemory(80 * 2**30, 70 * 2**30, 70 * 2**30, 1.1, "cuda:0")
+    other = DeviceMemory(80 * 2**30, 30 * 2**30, 30 * 2**30, 1.1, "cuda:1")
+
+    def gather(out, obj):
+        out[0], out[1] = obj, other
+
+    monkeypatch.setattr(rp, "device_memory", lambda device: mine)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    fake = SimpleNamespace(device=torch.device("cuda", 0), batch_size=-1, args=SimpleNamespace(memory_budget=None),
+                           planning=rp.Planning())
+    assert rp.memory_target(fake)[0] == int(70 * 2**30 / 1.1)  # one process: its own GPU
+    fake.planning.device = rp.smallest_device(fake)
+    budget, fraction, source = rp.memory_target(fake)
+    assert budget == int(30 * 2**30 / 1.1) and fraction == 0.6 and source == "cuda:1 usable memory"

@@ -22,6 +22,12 @@ repeats until the batch stops growing (two to four steps). Each probe also runs 
 (``measure.probe_step``), so that a step that is not ``a·b + c`` after all stops at the limit ("does not fit")
 instead of passing it.
 
+**A device that runs out sooner than it said** (its free memory moved, or it told nothing: a probe's out-of-memory
+error where the bound expected room) is treated as Ultralytics' AutoBatch treats a batch that failed: the batch is
+narrowed between the last that fit and the one that failed, by bisection (each probe bounded as before), instead of
+falling back to the last measured batch; from the largest fit the batch is then extrapolated to the share, as for a
+budget bigger than the device.
+
 **A budget bigger than the device.** When ``memory_budget`` exceeds what the device can hold, the probes stop at the
 device and the batch is extrapolated from the largest measured step by the same bound, up to the share, and
 ``BatchPlan.extrapolated`` says so. The bound never overestimates; it underestimates by the part of a step that does
@@ -41,8 +47,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .device import device_memory
-from .measure import loop_bytes, probe_step, state_bytes
+from .device import LimitReached, device_memory, is_oom, release
+from .measure import loop_bytes, probe_step, state_bytes, step_bytes
 
 _UNITS = {"": 2**30, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
           "tb": 2**40, "tib": 2**40}
@@ -160,18 +166,41 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
         need = f"{(first + per_image) / 2**30:.3f} GB" if first else f"more than {room.limit / 2**30:.3f} GB"
         with_loop = " with the training loop's other batches" if per_image else ""
         raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {need}{with_loop}, over {where}")
-    points, b, over = {1: first}, 1, False
+    points, b, over, failed, device_out = {1: first}, 1, False, None, False
     while (nxt := room.bounded(b, points[b], static, max_batch)) > b:  # measured only where the bound admits it
-        got = probe_step(model, imgsz, nxt, objects, amp, room.step_limit(nxt))
-        if got is None or got + per_image * nxt > target:  # not a·b + c after all: keep the largest measured fit
-            over = got is not None
+        got, out = _attempt(model, imgsz, nxt, objects, amp, room.step_limit(nxt))
+        if got is None or got + per_image * nxt > target:  # not a·b + c after all, or a device that said more
+            over, failed, device_out = got is not None, nxt, out
             break
         points[nxt], b = got, nxt
+    while failed is not None and not over and failed - b > 1:  # ran out where room was expected: narrow it down
+        mid = (b + failed) // 2
+        got, out = _attempt(model, imgsz, mid, objects, amp, room.step_limit(mid))
+        if got is not None and got + per_image * mid <= target:
+            points[mid], b = got, mid
+        else:
+            failed, device_out = mid, device_out or out
     further = ProbeRoom(target, None, per_image).bounded(b, points[b], static, max_batch)  # what the share admits
-    if over or room.device is None or room.device >= target or further <= b:
+    told = room.device is not None and room.device < target  # the device said it holds less than the share
+    if over or not (told or device_out) or further <= b:
         return BatchPlan(b, points[b] + per_image * b, target, False, points, per_image * b)
-    # The device stopped the probes: the bound from the largest measured step carries on to the share. Not the line
-    # through the last two steps: a step's peak is the largest of several a·b + c sums, convex in the batch, so
-    # that line passes under larger batches (yolo11n, 160 px: 9 from steps at 4 and 6, where 8 is the largest fit).
+    # The device stopped the probes (as it said, or sooner: a device whose free memory moved, or that told nothing):
+    # the bound from the largest measured step carries on to the share. Not the line through the last two steps: a
+    # step's peak is the largest of several a·b + c sums, convex in the batch, so that line passes under larger
+    # batches (yolo11n, 160 px: 9 from steps at 4 and 6, where 8 is the largest fit).
     step = static + (points[b] - static) * further // b
     return BatchPlan(further, step + per_image * further, target, True, points, per_image * further)
+
+
+def _attempt(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None,
+             limit: int) -> tuple[int | None, bool]:
+    """A probe step within ``limit`` (``measure.probe_step``): ``(bytes or None, whether the device ran out)``. A
+    device that runs out is one that holds less than it said; a probe that reached ``limit`` was over the share."""
+    try:
+        return step_bytes(model, imgsz, batch, objects, amp, limit), False
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+        device_out = not isinstance(e, LimitReached)
+    release(next(model.parameters()).device)  # outside the ``except`` block, whose traceback holds the failed step
+    return None, device_out

@@ -40,15 +40,6 @@ from ultralytics.cfg import (
 from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
 
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
-DEFAULT_MODELS = {  # built from YAML: nothing to download (`yolo` would fetch yolo26n.pt)
-    "detect": "yolo11n.yaml",
-    "segment": "yolo11n-seg.yaml",
-    "semantic": "yolo26n-sem.yaml",  # no yolo11 semantic or depth YAML ships with Ultralytics 8.4.190
-    "depth": "yolo26n-depth.yaml",
-    "pose": "yolo11n-pose.yaml",
-    "obb": "yolo11n-obb.yaml",
-    "classify": "yolo11n-cls.yaml",
-}
 
 
 KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yaml
@@ -67,6 +58,9 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
                       "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),
     "simulate_gpu": ("with device=cpu, a GPU memory size (925MB, 24GB) to rehearse on CPU: every tensor of the run "
                      "counts against it, and passing it raises CUDA's out-of-memory error", "simulate_gpu=925MB"),
+    "simulate_allocator": ("True or False: with simulate_gpu, every tensor counts for the block CUDA's caching "
+                           "allocator would give it (512-byte blocks, large segments rounded to 2 MiB)",
+                           "simulate_allocator=True"),
 }
 HELP_WORDS = {"help", "h"}  # as Ultralytics' entrypoint: help, h, -h, --help, ... (8.4.190)
 VERSION_WORDS = {"version", "v"}
@@ -182,6 +176,7 @@ def demo_settings(overrides: dict) -> dict:
 def train(args: list[str]) -> None:
     """Run ``yolo-ckpt train ...``; without ``data=`` or ``cfg=``, the demo recipe ``cfg/demo.yaml`` fills in what the
     command line leaves out."""
+    from .families import DEFAULT_MODELS
     from .stages import CheckpointConfigError
     from .trainer import RTDETR, check_settings, check_task
 
@@ -296,6 +291,7 @@ def profile(args: list[str]) -> list[Path]:
 
     from .autobatch import parse_memory
     from .device import SimulatedDevice
+    from .families import DEFAULT_MODELS
     from .profiler import write_profile
     from .trainer import DEFAULT_CFG_DICT_CKPT, check_settings
 
@@ -308,10 +304,10 @@ def profile(args: list[str]) -> list[Path]:
     model, amp = _profile_model(model_name, cfg)
     with contextlib.ExitStack() as stack:
         if cfg.simulate_gpu is not None:  # as in train: the model, built before, lives on the device too
-            gpu = stack.enter_context(SimulatedDevice(parse_memory(cfg.simulate_gpu)))
+            gpu = stack.enter_context(SimulatedDevice(parse_memory(cfg.simulate_gpu), bool(cfg.simulate_allocator)))
             gpu.track([*model.parameters(), *model.buffers()])
             LOGGER.info(f"{colorstr('profile:')} simulate_gpu={cfg.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device "
-                        f"on CPU, exact tensor bytes")
+                        f"on CPU, {gpu.counts}")
         stages, plans, extra, batch = _profile_tables(model, cfg, amp)
         if cfg.simulate_gpu is not None:
             extra["notes"].append(f"the simulated device peaked at {gpu.max_memory_allocated() / 2**20:.1f} MiB of "

@@ -28,7 +28,9 @@ Example:
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -138,7 +140,7 @@ class MemoryLimit(LiveTensorTracker):
             raise torch.OutOfMemoryError(f"CUDA out of memory. {what}") if self.device else LimitReached(what)
 
     def _add(self, st: torch.UntypedStorage) -> None:
-        self._refuse(st.nbytes())
+        self._refuse(self._bytes(st))
         super()._add(st)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -147,16 +149,51 @@ class MemoryLimit(LiveTensorTracker):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+MIB = 2**20
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """The bytes CUDA's caching allocator holds for a tensor of ``nbytes`` (torch 2.14.1,
+    ``c10/cuda/CUDACachingAllocator.cpp``): blocks are multiples of 512 bytes (``kMinBlockSize``); a request of
+    10 MiB or more (``kMinLargeAlloc``) gets a segment of its own rounded up to 2 MiB (``kRoundLarge``), whose tail of
+    at most 1 MiB is not split off for others (``kSmallSize``); smaller requests are split from shared 2 MiB or
+    20 MiB segments, whose rest serves other tensors.
+
+    Example:
+        >>> cuda_block_bytes(1), cuda_block_bytes(513), cuda_block_bytes(11 * 2**20 + 1) // 2**20
+        (512, 1024, 12)
+    """
+    block = max(-(-nbytes // 512) * 512, 512)
+    if block < 10 * MIB:
+        return block
+    segment = -(-block // (2 * MIB)) * 2 * MIB
+    return segment if segment - block <= MIB else block
+
+
 class SimulatedDevice(MemoryLimit):
     """A GPU of ``limit`` bytes simulated on CPU: every tensor allocated while it is active counts against the limit.
 
     It answers what planning asks CUDA (``mem_get_info``, ``memory_allocated``, ``memory_reserved``,
     ``max_memory_allocated``, ``reset_peak_memory_stats``); reserved equals allocated (no caching allocator).
     Enter it around everything that would run on the GPU, the model's construction included.
+
+    With ``allocator=True`` every tensor counts for the block CUDA's caching allocator would give it
+    (``cuda_block_bytes``), so that a rehearsal shows the rounding margin a GPU needs. Still not modelled: freed
+    blocks the allocator keeps cached (reserved memory above allocated), fragmentation of segments, cuDNN and cuBLAS
+    workspaces, the CUDA context (several hundred MiB outside PyTorch's statistics).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, allocator: bool = False) -> None:
         super().__init__(limit, name="simulated device")
+        self.allocator = allocator
+
+    def _bytes(self, st: torch.UntypedStorage) -> int:
+        return cuda_block_bytes(st.nbytes()) if self.allocator else st.nbytes()
+
+    @property
+    def counts(self) -> str:
+        """What a tensor counts for, for log lines."""
+        return "tensors in CUDA allocator blocks" if self.allocator else "exact tensor bytes"
 
     def mem_get_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes, as ``torch.cuda.mem_get_info``."""
@@ -172,6 +209,17 @@ class SimulatedDevice(MemoryLimit):
 
     def reset_peak_memory_stats(self) -> None:
         self.reset_peak()
+
+
+class UntoldDevice(MemoryLimit):
+    """A device of ``limit`` bytes that planning is not told about: it raises CUDA's out-of-memory error as
+    ``SimulatedDevice`` does, but ``device_memory`` does not see it — a GPU whose free memory moved after planning
+    read it (other processes, fragmentation), or one that reports nothing. Every memory decision must survive it:
+    probes that run out count as "does not fit" (``unless_oom``), AutoBatch narrows the batch between the last fit
+    and the failure, escalation plans within what its probes find."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit, name="untold device")
 
 
 def simulated_device() -> SimulatedDevice | None:
@@ -201,6 +249,54 @@ class DeviceMemory:
     def tensor_bytes(self, device_bytes: int) -> int:
         """The exact tensor bytes that fit in ``device_bytes`` of this device."""
         return int(device_bytes / self.margin)
+
+
+def parse_device(device: Any) -> tuple[str, list[int]]:
+    """``device=`` as Ultralytics reads it (``select_device``/``parse_device``, 8.4.190, without their GPU queries):
+    ``(backend, CUDA indices)``. The backend is ``""`` when nothing is given (CUDA where available), ``"cuda"`` for
+    ``cuda``, ``cuda:N`` and index lists (``0``, ``0,1``, ``[0, 1]``, ``-1`` for an idle GPU), else the backend's
+    name (``cpu``, ``mps``, ``npu``, ``xpu``, ...); the indices are those listed.
+
+    Example:
+        >>> parse_device("cuda:0,1"), parse_device([0, 1]), parse_device("xpu:0"), parse_device(None)
+        (('cuda', [0, 1]), ('cuda', [0, 1]), ('xpu', []), ('', []))
+    """
+    name = re.sub(r"[\s()\[\]']", "", str(device if device is not None else "")).lower()
+    if name in {"", "none"}:
+        return "", []
+    name = name.removeprefix("cuda:")
+    if name == "cuda":
+        return "cuda", []
+    if re.fullmatch(r"-?\d+(,-?\d+)*", name):
+        return "cuda", [int(x) for x in name.split(",")]
+    return re.match(r"[a-z_]*", name).group() or name, []
+
+
+@dataclass
+class CudaPeak:
+    """The CUDA allocator's figures over a block (``cuda_peak``).
+
+    Attributes:
+        before (int): ``memory_allocated`` when the block started.
+        allocated (int): ``max_memory_allocated`` over the block (set when it ends).
+        reserved (int): ``max_memory_reserved`` over the block (set when it ends).
+    """
+
+    before: int = 0
+    allocated: int = 0
+    reserved: int = 0
+
+
+@contextmanager
+def cuda_peak(device: torch.device) -> Iterator[CudaPeak]:
+    """The allocator's peaks over the block on the CUDA ``device``, every stream synchronised at both ends (the one
+    place that resets the peak statistics around a measured step)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    peak = CudaPeak(torch.cuda.memory_allocated(device))
+    yield peak
+    torch.cuda.synchronize(device)
+    peak.allocated, peak.reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
 def device_memory(device: torch.device | str | None) -> DeviceMemory | None:

@@ -41,6 +41,7 @@ from ultralytics.utils import DEFAULT_CFG, LOGGER, RANK, colorstr
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import get_torch_device_backend
 
+from .device import parse_device
 from .stages import CheckpointConfigError
 
 PREFIX = colorstr("torchrun:")
@@ -83,10 +84,8 @@ class Launch:
 def ultralytics_world(device: str) -> int:
     """The world size Ultralytics' trainer derives from ``device=`` (8.4.190 ``BaseTrainer.__init__``): 0 on CPU/MPS,
     else the number of listed devices (1 when none is given)."""
-    name = str(device or "").lower()
-    if name == "cpu" or name.startswith("mps"):
-        return 0
-    return len(name.split(",")) if name else 1
+    backend, indices = parse_device(device)
+    return 0 if backend in {"cpu", "mps"} else max(len(indices), 1)
 
 
 def from_ultralytics_launcher() -> bool:
@@ -101,13 +100,12 @@ def launch_device(device: str, launch: Launch) -> torch.device:
     Raises:
         CheckpointConfigError: For a device that cannot hold one process per local rank.
     """
-    name = str(device or "").lower()
-    if name == "cpu":
+    backend, indices = parse_device(device)
+    if backend == "cpu":
         return torch.device("cpu")
-    if name.startswith("mps") or name.startswith(("npu", "xpu")):
+    if backend not in {"", "cuda"}:
         raise CheckpointConfigError(f"device={device} under torchrun: yolo-ckpt runs torchrun launches on CUDA (NCCL) "
                                     f"or the CPU (gloo). Valid: device=cpu, a CUDA list, or no device.")
-    indices = [int(x) for x in name.removeprefix("cuda:").split(",") if x.strip().isdigit()] if name else []
     if not indices:
         return torch.device("cuda", launch.local_rank)
     if len(indices) != launch.local_world_size:

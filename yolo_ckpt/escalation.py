@@ -27,8 +27,18 @@ import torch
 from torch import nn
 
 from .measure import batch_bytes, planned_copy, state_bytes
-from .planner import HEAD, MAX_MEASURED, NECK, Costs, escalations, measure_candidate, measure_copy, unit_costs
-from .stages import CheckpointPlan, model_stages
+from .planner import (
+    HEAD,
+    MAX_MEASURED,
+    NECK,
+    Costs,
+    escalations,
+    least_keeping,
+    measure_candidate,
+    measure_copy,
+    unit_costs,
+)
+from .stages import CheckpointPlan
 
 
 @dataclass
@@ -63,19 +73,23 @@ class Snapshot:
             torch.cuda.set_rng_state_all(self.rng[3])
 
 
-def most(model: nn.Module) -> dict[str, Any]:
-    """The settings of the plan that keeps the least: every stage and the head, full recompute."""
-    return {"checkpoint_stages": sorted(model_stages(model)), "checkpoint_layers": HEAD, "checkpoint_mode": "full"}
-
-
-def keeps_least(settings: dict[str, Any], stages: list[int]) -> bool:
-    """Whether ``settings`` are the plan that keeps the least (every stage of ``stages``, the head, full recompute):
-    nothing keeps less, so an out-of-memory error can only be met by a smaller batch. Decided from the values alone:
-    it is asked while the failed step still holds its memory, where no dry run may allocate."""
+def _normal(settings: dict[str, Any], stages: list[int]) -> tuple:
+    """A plan's settings in one spelling: stages as a sorted list (``all`` is every stage of ``stages``), words in
+    lower case, layer items as strings."""
     spec, layers = settings.get("checkpoint_stages"), settings.get("checkpoint_layers")
-    every = (isinstance(spec, str) and spec.strip().lower() == "all") or sorted(spec or []) == sorted(stages)
-    head = isinstance(layers, str) and layers.strip().lower() == HEAD
-    return every and head and (settings.get("checkpoint_mode") or "full") == "full"
+    spec = list(stages) if isinstance(spec, str) and spec.strip().lower() == "all" else \
+        sorted(spec if isinstance(spec, (list, tuple)) else [] if spec is None else [spec])
+    layers = layers.strip().lower() if isinstance(layers, str) else [str(x) for x in layers or []]
+    return spec, layers, (settings.get("checkpoint_mode") or "full").strip().lower()
+
+
+def keeps_least(settings: dict[str, Any], least: dict[str, Any] | None, stages: list[int]) -> bool:
+    """Whether ``settings`` are the plan that keeps the least, ``least``: nothing keeps less, so an out-of-memory
+    error can only be met by a smaller batch. ``least`` is the planner's least-keeping candidate once the units are
+    measured (``planner.least_keeping``), before that ``planner.deepest``; ``None`` (not known) keeps nothing least.
+    Decided from the values alone: it is asked while the failed step still holds its memory, where no dry run may
+    allocate."""
+    return least is not None and _normal(settings, stages) == _normal(least, stages)
 
 
 def _units(model: nn.Module, settings: dict[str, Any], costs: Costs) -> tuple | None:
@@ -92,8 +106,8 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
               amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[dict[str, Any], int | None]:
     """Where a run that ran out of memory at ``batch`` with ``settings`` goes: the cheapest plan predicted to keep less
     whose step at ``batch`` fits what the device has free now less the training loop's other batches (measured on
-    copies; ``planner.measure_candidate``), or, when none is measured to fit, the plan that keeps the least
-    (unmeasured: the next out-of-memory error then halves the batch).
+    copies; ``planner.measure_candidate``), or, when none is measured to fit, the planner's least-keeping
+    candidate (``planner.least_keeping``, unmeasured: the next out-of-memory error then halves the batch).
 
     Args:
         model: The training model (plan installed or not); copies are measured, it never runs.
@@ -128,5 +142,5 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
         # auto wrote it as a per-unit plan, was chosen again)
         if got is not None and (not measured or got < current):
             return c.settings, got
-    return most(model), None
+    return least_keeping(costs, batch, fixed).settings, None
 

@@ -33,6 +33,17 @@ import ultralytics
 
 from .model import SUPPORTED_MODELS, UnsupportedModelError
 
+DEFAULT_MODELS = {  # each task's model when none is given; built from YAML: nothing to download (`yolo` would fetch
+    # yolo26n.pt)
+    "detect": "yolo11n.yaml",
+    "segment": "yolo11n-seg.yaml",
+    "semantic": "yolo26n-sem.yaml",  # no yolo11 semantic or depth YAML ships with Ultralytics 8.4.190
+    "depth": "yolo26n-depth.yaml",
+    "pose": "yolo11n-pose.yaml",
+    "obb": "yolo11n-obb.yaml",
+    "classify": "yolo11n-cls.yaml",
+}
+
 TEXT_ENCODERS = {  # the model class Ultralytics builds -> what its training loads (8.4.190)
     "WorldModel": ("YOLO-World", "the CLIP ViT-B/32 text encoder (the `clip` package from GitHub and its weights), "
                                  "loaded to set the class embeddings before the first epoch"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 from .autobatch import probe_room
-from .device import MemoryLimit, device_memory, unless_oom
+from .device import MemoryLimit, cuda_peak, device_memory, unless_oom
 from .measure import (
     FlopCount,
     batch_bytes,
@@ -73,18 +74,13 @@ def fitting_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | No
     """One training step of ``model`` within what its device has free now; ``None`` when it does not fit (the step
     stopped at the limit and its memory was released)."""
     device, limit = next(model.parameters()).device, device_room(model)
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-    with FlopCount() as counter:
+    with cuda_peak(device) if device.type == "cuda" else nullcontext() as peak, FlopCount() as counter:
         got = probe_step(model, imgsz, batch, amp=amp, limit=limit)
     if got is None:
         return None
     inputs = batch_bytes(model, imgsz, batch)
-    cuda_peak = torch.cuda.max_memory_allocated(device) - before - inputs if cuda else None
-    return Fit(got, got - state_bytes(model) - inputs, counter.flops, cuda_peak)
+    cuda = peak.allocated - peak.before - inputs if peak is not None else None
+    return Fit(got, got - state_bytes(model) - inputs, counter.flops, cuda)
 
 
 def plan_step(model: nn.Module, spec: tuple, imgsz: int, batch: int, amp: torch.dtype | None = None) -> Fit | None:

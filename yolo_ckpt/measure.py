@@ -285,3 +285,44 @@ def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: A
     finally:
         disable_checkpointing(m)
         del m
+
+
+def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE, half: bool = False,
+                     limit: int | None = None) -> int:
+    """Memory of one validation batch as planning counts it, measured on a plain copy of ``model``.
+
+    What Ultralytics' validator runs during training (``BaseValidator.__call__``, 8.4.190): the EMA model in eval
+    mode without gradients, the batch's images in half precision under fp16 autocast where it trains on CUDA with AMP
+    (``half``), its forward and the loss of its predictions. Counted like a step: model state (weights, EMA, two
+    optimizer moments; the gradients were set to ``None`` by the last optimizer step), a second copy of the weights
+    (the final evaluation loads best.pt beside that state), the batch on the device and the exact peak of forward and
+    loss. Not counted: non-maximum suppression of the predictions (a few boxes per image). Square ``imgsz`` images
+    bound the validator's rectangular batches, which are letterboxed within ``imgsz``.
+
+    ``limit`` (bytes, as ``step_bytes``): past it, ``device.LimitReached``.
+    """
+    static = state_bytes(model) + weight_bytes(model)
+    inputs = batch_bytes(model, imgsz, batch, objects)
+    if limit is not None and static + inputs > limit:
+        raise LimitReached(f"the validation batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
+    with planned_copy(model, []) as m:
+        m.eval()
+        data = training_batch(m, imgsz, batch, objects)
+        if half:
+            data["img"] = data["img"].half()
+        tracker = LiveTensorTracker() if limit is None else MemoryLimit(limit - static - inputs, "planning share",
+                                                                       device=False)
+        with torch.no_grad(), tracker:
+            with torch.autocast(data["img"].device.type, dtype=torch.float16, enabled=half):
+                preds = m(data["img"])
+                m.loss(data, preds)
+                del preds
+    return static + inputs + tracker.peak
+
+
+def validation_probe(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE, half: bool = False,
+                     limit: int | None = None) -> int | None:
+    """``validation_bytes`` within ``limit``; ``None`` when it does not fit (at the limit or on the device), its
+    memory released (as ``probe_step``)."""
+    return unless_oom(lambda: validation_bytes(model, imgsz, batch, objects, half, limit),
+                      next(model.parameters()).device)

@@ -187,9 +187,13 @@ class LiveTensorTracker(TorchDispatchMode):
             del self._live[key]
             self.current -= entry[0]
 
+    def _bytes(self, st: torch.UntypedStorage) -> int:
+        """The bytes a storage counts for: its own (``SimulatedDevice`` may round them as an allocator does)."""
+        return st.nbytes()
+
     def _add(self, st: torch.UntypedStorage) -> None:
         key = st._cdata
-        nbytes = st.nbytes()
+        nbytes = self._bytes(st)
         ref = weakref.ref(st, lambda r, key=key: self._on_free(key, r))
         self._live[key] = [nbytes, ref]
         self.current += nbytes
@@ -209,7 +213,7 @@ class LiveTensorTracker(TorchDispatchMode):
             entry = live.get(key)
             if entry is not None:
                 # Already counted; an out=/resize_ op may have grown it in place.
-                nbytes = st.nbytes()
+                nbytes = self._bytes(st)
                 if nbytes != entry[0]:
                     self.current += nbytes - entry[0]
                     entry[0] = nbytes

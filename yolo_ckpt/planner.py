@@ -650,18 +650,42 @@ class Over:
     target: int
 
 
-def vanilla(costs: Costs, batch: int, fixed: int) -> Candidate:
+def no_recompute(costs: Costs, batch: int, fixed: int) -> Candidate:
     """The plain step as a candidate: no recompute, its bytes predicted from batch 1 (never measured at a batch it may
     not fit)."""
     return candidate(costs, (), (), batch, fixed)
 
 
+def least_keeping(costs: Costs, batch: int = 1, fixed: int = 0) -> Candidate:
+    """The candidate predicted to keep the least at ``batch`` (a tie: the one that recomputes more): where ``auto``'s
+    "nothing fits" bound and escalation end. Nested plans and parts count: in yolo11n at 160 px it recomputes every
+    stage with its block layers' parts nested inside, where plans take a mode per region."""
+    return min(candidates(costs, batch, fixed), key=lambda c: (c.predicted_bytes, -c.flops))
+
+
+def deepest(model: nn.Module) -> dict[str, Any]:
+    """The settings of the plan that recomputes the most, known without measuring anything: every unit (each stage,
+    the neck, the head layer) full, and, where the model's plans take a mode per region, each of its block layers'
+    parts a full region nested inside (``NESTED``). Escalation takes it as the plan that keeps the least until the
+    units are measured (``least_keeping``). Builds ``checkpoint_layers=head`` with a dry run: call it where memory
+    is free."""
+    head = tuple((r[0], r[-1]) for r in CheckpointPlan.from_spec(model, [], HEAD).layer_regions)
+    layout = _layout(model, model_stages(model), head, per_region_modes(model))
+    modes = tuple(NESTED if w.nests else "full" for w in layout)
+    return Candidate(tuple(w.unit for w in layout), modes, 0, 0, head, layout=layout).settings
+
+
 def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, costs: Costs,
                       objects: int = 50, amp: torch.dtype | None = None) -> tuple[int | None, bool]:
     """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``
-    (``measure_copy`` on ``c.copy(model)``)."""
-    with c.copy(model) as m:
-        return measure_copy(m, imgsz, batch, target, objects, amp)
+    (``measure_copy`` on ``c.copy(model)``). The copy itself, and the dry run that resolves its parts, may not fit a
+    device that holds less than it said: that too is "does not fit"."""
+    def measure() -> tuple[int | None, bool]:
+        with c.copy(model) as m:
+            return measure_copy(m, imgsz, batch, target, objects, amp)
+
+    got = unless_oom(measure, next(model.parameters()).device)
+    return (None, False) if got is None else got
 
 
 def measure_copy(m: nn.Module, imgsz: int, batch: int, target: int | None, objects: int = 50,
@@ -740,7 +764,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         seconds = None if extrapolated else time_candidate(model, c, imgsz, batch, objects, amp)
         return Choice(c, c.plan(model), batch, got, target, base_flops, tried, later, costs, extrapolated, seconds)
 
-    plain = vanilla(costs, batch, fixed)
+    plain = no_recompute(costs, batch, fixed)
     if plain.predicted_bytes <= target * (1 + MARGIN) and (got := measure(plain)) is not None:
         return chosen(plain, got, [])
     ranked = candidates(costs, batch, fixed)
@@ -754,7 +778,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
             best = (known, sized.step_bytes)
     if best:
         return chosen(*best, [a for a in fitting if a.seconds >= best[0].seconds and a != best[0]][:3])
-    least_first = sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))  # a tie: the plan that recomputes more
+    least_first = sorted(ranked, key=lambda c: (c.predicted_bytes, -c.flops))  # ``least_keeping`` first
     for c in least_first[:3]:
         if all(c != t.candidate for t in tried) and (got := measure(c)) is not None:
             return chosen(c, got, [])

@@ -31,7 +31,7 @@ from .device import device_memory
 from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
 from .measure import batch_bytes, grad_bytes, loop_bytes, planned_copy, state_bytes, training_batch, weight_bytes
 from .memory import LiveTensorTracker
-from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, unit_costs, vanilla
+from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, no_recompute, unit_costs
 from .plots import axes, legend_points
 
 
@@ -94,7 +94,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     share = measured is not None and device_memory(next(model.parameters()).device) is None
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
     rows: list[dict] = []
-    for c in [vanilla(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch, fixed),
+    for c in [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch, fixed),
               *also]:
         fit = plan_step(model, c.spec, imgsz, batch, amp)
         if share:

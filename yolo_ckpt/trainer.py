@@ -16,13 +16,10 @@ Example:
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -32,31 +29,28 @@ import torch
 import ultralytics
 from torch import nn
 from ultralytics.cfg import DEFAULT_CFG_DICT, cfg2dict, get_save_dir
-from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.models import yolo
 from ultralytics.models.rtdetr.train import RTDETRTrainer as UltralyticsRTDETRTrainer
-from ultralytics.utils import LOGGER, RANK, YAML, IterableSimpleNamespace, colorstr
-from ultralytics.utils.patches import override_configs, torch_load
+from ultralytics.utils import LOGGER, RANK, YAML, IterableSimpleNamespace
+from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
-from .autobatch import parse_memory, plan_batch
-from .device import SimulatedDevice, device_memory, release, unless_oom
+from . import run_planning
+from .autobatch import parse_memory
+from .device import SimulatedDevice, parse_device
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
-from .escalation import Snapshot, keeps_least, next_plan
-from .families import check_supported
-from .measure import grad_bytes, loop_bytes, planned_copy
+from .families import DEFAULT_MODELS, check_supported
 from .model import check_plan, checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
-from .planner import describe, unit_costs
 from .recompute import MODES
 from .resources import data_file
+from .run_planning import PREFIX, Planning, choose_auto_plan, escalation_point, is_auto
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages, word
-from .summary import autocast_dtype, compare_with_vanilla
+from .summary import compare_with_vanilla
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
-PREFIX = colorstr("checkpoint:")
 
 
 def check_settings(model: Any, args: dict) -> None:
@@ -79,6 +73,9 @@ def check_settings(model: Any, args: dict) -> None:
                 parse_memory(args[key])
             except ValueError as e:
                 raise CheckpointConfigError(str(e).replace("memory_budget=", f"{key}=")) from None
+    if args.get("simulate_allocator") and args.get("simulate_gpu") is None:
+        raise CheckpointConfigError("simulate_allocator=True rounds the tensors of a simulated GPU. Valid: with "
+                                    "simulate_gpu=SIZE and device=cpu, or simulate_allocator=False.")
     if args.get("simulate_gpu") is not None and trains_on_cuda(args.get("device")):
         raise CheckpointConfigError(f"simulate_gpu={args['simulate_gpu']!r} rehearses a GPU on CPU. Valid: with "
                                     f"device=cpu, or no simulate_gpu on a CUDA device (its own memory counts).")
@@ -105,10 +102,8 @@ def trains_on_cuda(device: Any) -> bool:
     ``0,1``, ``[0, 1]``, ``-1`` for an idle GPU) always; ``cpu``, ``mps``, ``npu``, ``xpu`` and every other backend
     never (the same spellings ``ultralytics.utils.torch_utils.parse_device`` reads, 8.4.190, without its GPU
     queries)."""
-    name = re.sub(r"[\s()\[\]']", "", str(device if device is not None else "")).lower().replace("cuda:", "")
-    if name in {"", "none"}:
-        return torch.cuda.is_available()
-    return name == "cuda" or re.fullmatch(r"-?\d+(,-?\d+)*", name) is not None
+    backend, _ = parse_device(device)
+    return torch.cuda.is_available() if backend == "" else backend == "cuda"
 
 
 # Ultralytics head modules and the task each trains (8.4.190), most specific first: Segment, Pose and OBB subclass
@@ -152,15 +147,8 @@ def check_task(model: Any, task: str | None) -> None:
         raise CheckpointConfigError(f"task={task!r} is not a task yolo-ckpt trains. Valid: {', '.join(TRAINERS)}.")
     own = yaml_task(model)
     if own is not None and own != task:
-        from .cli import DEFAULT_MODELS
-
         raise CheckpointConfigError(f"task={task}: {Path(model).name} is a {own} model (its output layer trains "
                                     f"{own}). Valid: a {task} model such as {DEFAULT_MODELS[task]}, or task={own}.")
-
-
-def is_auto(stages: Any) -> bool:
-    """Whether ``checkpoint_stages`` asks for the plan to be chosen (``auto``)."""
-    return word(stages) == "auto"
 
 
 def saved_settings(ckpt: dict) -> dict[str, Any]:
@@ -173,51 +161,6 @@ def saved_settings(ckpt: dict) -> dict[str, Any]:
     args = getattr(model, "args", None) or {}
     args = args if isinstance(args, dict) else vars(args)
     return {k: args[k] for k in CKPT_CFG_DICT if k in args}
-
-
-def choose_auto_plan(trainer: Any) -> None:
-    """Resolve ``checkpoint_stages=auto`` for a fixed batch at ``on_pretrain_routine_end``: the model is on its device,
-    frozen and batched by then (AutoBatch resolves it earlier, in ``auto_batch``)."""
-    if is_auto(trainer.args.checkpoint_stages):
-        trainer._auto_plan(trainer._objects())
-
-
-def escalation_point(trainer: Any) -> None:
-    """``on_train_epoch_start`` of the first epoch: remember where it starts; after an out-of-memory error that
-    ``_build_train_pipeline`` kept the batch for, move to the next plan and restart from that point.
-
-    Registered before the epoch memory meter starts, so the planning copies are not the epoch's peak.
-    """
-    if trainer.epoch != trainer.start_epoch or RANK != -1:
-        return
-    model = unwrap_model(trainer.model)
-    if trainer._escalate:
-        trainer._escalate = False
-        # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private, 8.4.190) and, being
-        # non-zero, it restarted the epoch (that decision is behind us now); give it back, so that the halvings left
-        # are vanilla's. Escalation ends: each plan keeps less than the last, and the one that keeps least halves.
-        trainer._oom_retries -= 1
-        trainer._escalate_plan()
-        snap = trainer._snapshot
-        if snap is not None and trainer.ema.updates == snap.ema_updates:  # no optimizer step yet: a fresh start
-            snap.restore(model)
-        else:
-            LOGGER.info(f"{PREFIX} optimizer steps were taken before the error: training goes on from them, as "
-                        f"Ultralytics' own retry does")
-    elif trainer._snapshot is None and checkpoint_plan(model) is not None:
-        trainer._snapshot = Snapshot.take(model, trainer.ema.updates)
-
-
-@contextmanager
-def random_state_kept(device: torch.device) -> Iterator[None]:
-    """Leave torch's generators (CPU, and the training CUDA device) as the block found them.
-
-    Planning runs training steps on copies, and RT-DETR's decoder draws random denoising queries in every training
-    forward: without this, the queries training draws afterwards would differ from vanilla Ultralytics'.
-    """
-    cuda = device.type == "cuda"
-    with torch.random.fork_rng(devices=[device.index or 0] if cuda else [], device_type="cuda"):
-        yield
 
 
 def skip_frozen_stages(trainer: Any) -> None:
@@ -272,8 +215,8 @@ def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> NoReturn:
 def reported_by_workers(trainer: Any) -> str | None:
     """In the launching process of DDP: the line the workers reported (their files are removed), or ``None``.
 
-    Every rank stops with the line rank 0 decided (``_auto_plan`` broadcasts it), so all ranks report one line; where
-    they do not, the line says what each rank reported, and which reported nothing."""
+    Every rank stops with the line rank 0 decided (``run_planning.auto_plan`` broadcasts it), so all ranks report one
+    line; where they do not, the line says what each rank reported, and which reported nothing."""
     files = {r: Path(trainer.save_dir) / WORKER_ERROR.format(r) for r in range(max(trainer.world_size, 1))}
     lines = {r: f.read_text() for r, f in files.items() if f.is_file()}
     for f in files.values():
@@ -287,20 +230,6 @@ def reported_by_workers(trainer: Any) -> str | None:
                       *([f"ranks {silent} reported nothing"] if silent else [])])
 
 
-def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "") -> list[str]:
-    """Log lines for ``auto``'s choice (a ``planner.Choice``): the trade-off table of the measured candidates and the
-    choice, or a single line when vanilla fits (nothing was weighed, so there is no table)."""
-    measured = f"{how} {choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB"
-    if not choice.plan.regions:
-        return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
-    c = choice.candidate
-    what = describe(c) if c.mode not in MODES else choice.plan.describe(mode)  # the plan knows one mode only
-    timed = f", measured {choice.measured_seconds:.3f} s" if choice.measured_seconds is not None else ""
-    return [*(f"  {line}" for line in choice.table()),
-            f"auto chose {what} at batch {choice.batch}{capped}: {1 + c.flops / choice.base_flops:.3f}x FLOPs, "
-            f"step time predicted {c.seconds:.3f} s{timed}, {measured}"]
-
-
 class CheckpointMixin(DistributedMixin):
     """Hooks that add ``checkpoint_stages`` to an Ultralytics task trainer (listed first among the bases).
 
@@ -310,9 +239,9 @@ class CheckpointMixin(DistributedMixin):
     - ``get_model``: the training model runs the plan's regions inside checkpoints.
     - ``get_validator``: validators rebuild their arguments with Ultralytics' key check, so they get ours removed.
     - ``save_model``: what is pickled is plain Ultralytics, and ``train_args`` hold only Ultralytics' keys.
-    - ``auto_batch``: AutoBatch measures the checkpointed model, or plans for ``memory_budget`` on any device;
-      with ``checkpoint_stages=auto`` it chooses plan and batch together (``yolo_ckpt.planner``), and for a fixed batch
-      ``choose_auto_plan`` chooses the plan at ``on_pretrain_routine_end``.
+    - ``auto_batch``, ``_build_train_pipeline`` and callbacks: the run's memory decisions (``yolo_ckpt.run_planning``):
+      AutoBatch on the checkpointed model or for ``memory_budget`` on any device, ``checkpoint_stages=auto``, and
+      escalation to a plan that keeps less before Ultralytics' out-of-memory retry halves the batch.
     - ``get_dataset``: with ``YOLO_OFFLINE``, the plotting font Ultralytics' dataset check looks up is local
       (``yolo_ckpt.offline``), also in DDP workers.
     - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again; a plan or batch
@@ -331,11 +260,8 @@ class CheckpointMixin(DistributedMixin):
         self.memory_meter: EpochPeak | None = None
         self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
         self.memory_target: int | None = None  # exact tensor bytes auto or AutoBatch planned to fit
-        self._plan_costs = None  # unit costs (auto's, or the first escalation's), for escalation
-        self._snapshot: dict | None = None  # the first epoch's start, for an exact restart after an escalation
-        self._pipeline_batch: int | None = None
-        self._stages: list[int] = []
-        self._escalate = False
+        self.val_batch: int | None = None  # the validator's batch where Ultralytics' own would not fit
+        self.planning = Planning()  # what escalation remembers across Ultralytics' retry
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
                 ("on_pretrain_routine_end", choose_auto_plan),
                 ("on_pretrain_routine_end", skip_frozen_stages), ("on_train_end", compare_with_vanilla)]
@@ -407,11 +333,12 @@ class CheckpointMixin(DistributedMixin):
         """
         with ExitStack() as stack:
             if self.args.simulate_gpu is not None:
-                gpu = stack.enter_context(SimulatedDevice(parse_memory(self.args.simulate_gpu)))
+                gpu = stack.enter_context(SimulatedDevice(parse_memory(self.args.simulate_gpu),
+                                                          bool(self.args.simulate_allocator)))
                 if isinstance(self.model, nn.Module):
                     gpu.track([*self.model.parameters(), *self.model.buffers()])
                 LOGGER.info(f"{PREFIX} simulate_gpu={self.args.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device on "
-                            f"CPU, exact tensor bytes")
+                            f"CPU, {gpu.counts}")
             try:
                 result = super().train()
             except CheckpointConfigError as e:
@@ -474,282 +401,32 @@ class CheckpointMixin(DistributedMixin):
             else:
                 ema.args = linked
 
-    def _dataset_facts(self) -> tuple[int, int]:
-        """The most labels in one image x4 (mosaic) and the number of training images, as Ultralytics'
-        ``DetectionTrainer.auto_batch`` gathers them (8.4.190)."""
-        with override_configs(self.args, overrides={"cache": False}) as self.args:
-            dataset = self.build_dataset(self.data["train"], mode="train", batch=16)
-        labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]
-        return max((len(x["cls"]) for x in labels), default=0) * 4, len(dataset)
-
-    def _memory_target(self) -> tuple[int, float, str]:
-        """``(budget bytes, share, what it is)`` of this run's memory decisions, in exact tensor bytes.
-
-        ``memory_budget`` when given (on CUDA its allocator bytes are turned into tensor bytes with the device's
-        ``ALLOCATOR_MARGIN``); otherwise the training device's usable memory — CUDA free plus what this process has
-        reserved, as Ultralytics' AutoBatch counts it, or the simulated device. The share is 0.6, or ``batch=0.x``.
-        """
-        fraction = self.batch_size if 0 < self.batch_size < 1 else 0.6
-        dev = device_memory(self.device)
-        if self.args.memory_budget is not None:
-            budget = parse_memory(self.args.memory_budget)
-            if dev is not None and budget > dev.total:
-                LOGGER.warning(f"{PREFIX} memory_budget={self.args.memory_budget} is more than {dev.name} holds "
-                               f"({dev.total / 2**30:.2f} GB): planning for the budget from steps that fit the device")
-            source = f"memory_budget={self.args.memory_budget}"
-        else:
-            budget, source = dev.usable, f"{dev.name} usable memory"
-        return (dev.tensor_bytes(budget) if dev is not None else budget), fraction, source
-
     def auto_batch(self) -> int:
-        """Choose the batch for the checkpointed model and log what the same memory gives without checkpointing.
+        """AutoBatch for the checkpointed model (``run_planning.auto_batch``), after dropping the frozen stages from the
+        plan: Ultralytics froze layers before AutoBatch, so the plan that will train is measured. Our mixin comes first
+        in the MRO, so this replaces the task trainer's ``auto_batch`` too."""
+        skip_frozen_stages(self)
+        return run_planning.auto_batch(self)
 
-        Our mixin comes first in the MRO, so this replaces the task trainer's ``auto_batch`` too; it gathers the same
-        dataset facts as Ultralytics' ``DetectionTrainer.auto_batch`` (8.4.190): the most labels in one image, x4 for
-        mosaic, and the number of training images. Both batches are measured on copies of the model. Without
-        ``memory_budget``, a CUDA device gets Ultralytics' own AutoBatch (on the checkpointed model) and a simulated
-        device is planned for its size; any other device keeps Ultralytics' default batch.
-        """
-        skip_frozen_stages(self)  # Ultralytics froze layers before AutoBatch: measure the plan that will train
-        max_num_obj, dataset_size = self._dataset_facts()
-        simulated = self.device.type != "cuda" and device_memory(self.device) is not None
-        if self.args.memory_budget is None and self.device.type != "cuda" and not simulated:
-            LOGGER.info(f"{colorstr('AutoBatch: ')}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
-            return BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-        if is_auto(self.args.checkpoint_stages):
-            return self._auto_plan(max(max_num_obj, 1), autobatch=True, dataset_size=dataset_size)
-        model = self.model
-        plain = unwrap_model(model)
-        stages = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
-        if self.args.memory_budget is not None or simulated:
-            with random_state_kept(self.device):
-                return self._plan_for_budget(plain, stages, max_num_obj, dataset_size)
-        try:
-            self.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
-            batch = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-            with planned_copy(plain) as self.model:
-                with random_state_kept(self.device):  # Ultralytics' own AutoBatch draws once, as in vanilla
-                    self.autobatch_without = BaseTrainer.auto_batch(self, max_num_obj, dataset_size)
-        finally:
-            self.model = model
-        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {batch} with {stages} ({self.autobatch_without} without)")
-        return batch
-
-    def _plan_for_budget(self, model: nn.Module, stages: Any, max_num_obj: int, dataset_size: int) -> int:
-        """AutoBatch for ``memory_budget`` (or the simulated device) on copies of the model (probe steps would move
-        BatchNorm statistics).
-
-        Steps are measured under the autocast dtype this run trains with, one copy at a time, each within the share
-        and what the device has free, so planning itself stays inside the share it plans for.
-        """
-        budget, fraction, source = self._memory_target()
-        imgsz = self._planning_imgsz()
-        amp = autocast_dtype(self)
-        kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1), amp=amp)
-        self.memory_target = int(fraction * budget)
-        LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of {source} at imgsz={imgsz}"
-                    f"{f' under {amp} autocast' if amp else ''} from measured training steps...")
-        try:
-            with planned_copy(model, None) as copy:
-                chosen = plan_batch(copy, **kw)
-        except ValueError as e:
-            raise CheckpointConfigError(f"{e} with {stages}; raise memory_budget or lower imgsz") from None
-        try:
-            with planned_copy(model) as plain:
-                without = str(plan_batch(plain, **kw).batch)
-        except ValueError:
-            without = "none fits"
-        batch = min(chosen.batch, dataset_size or chosen.batch)
-        cap = f", capped to the {dataset_size} training images" if batch < chosen.batch else ""
-        how = (f"extrapolated from steps at batches {sorted(chosen.points)} that fit the device"
-               if chosen.extrapolated else "measured")
-        LOGGER.info(f"{colorstr('AutoBatch: ')}batch {chosen.batch} with {stages} ({without} without){cap}; "
-                    f"{how} {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB, the "
-                    f"training loop's other batches ({chosen.loop_bytes / 2**20:.1f} MiB) included")
-        self.autobatch_without = without
-        return batch
-
-    def _auto_plan(self, objects: int, autobatch: bool = False, dataset_size: int = 0) -> int:
-        """Resolve ``checkpoint_stages=auto`` on copies of the model: choose, record in ``args`` (and args.yaml),
-        install. With AutoBatch the batch is chosen too (at most the training images); returns the batch.
-
-        Under DDP rank 0 chooses, for its share of the batch as Ultralytics splits it, and every rank installs what
-        it broadcasts; "nothing fits" stops every rank with the same line.
-        """
-        model = unwrap_model(self.model)
-        decision, failure = None, None
-        if RANK in {-1, 0}:
-            try:
-                with random_state_kept(self.device):
-                    decision = self._choose(model, objects, autobatch, dataset_size)
-            except CheckpointConfigError as e:
-                decision = {"error": str(e)}
-            except Exception as e:  # the other ranks wait in the broadcast: tell them, then raise it here
-                if RANK == -1:
-                    raise
-                failure, decision = e, {"failed": f"{type(e).__name__}: {e}"}
-        if RANK != -1:  # the process group exists: Ultralytics set it up before _setup_train
-            import torch.distributed as dist
-
-            box = [decision]
-            dist.broadcast_object_list(box, 0)
-            decision = box[0]
-        if failure is not None:
-            raise failure
-        if "failed" in decision:
-            raise RuntimeError(f"checkpoint_stages=auto: rank 0 failed while planning ({decision['failed']})")
-        if "error" in decision:
-            raise CheckpointConfigError(decision["error"])
-        for k, v in decision["settings"].items():
-            setattr(self.args, k, v)
-        self._record_settings()
-        enable_checkpointing(model, CheckpointPlan.from_spec(model, self.args.checkpoint_stages,
-                                                             self.args.checkpoint_layers), self.args.checkpoint_mode)
-        for line in decision.get("lines", []):
-            LOGGER.info(line)
-        return decision["batch"]
-
-    def _choose(self, model: nn.Module, objects: int, autobatch: bool, dataset_size: int) -> dict:
-        """Rank 0's part of ``_auto_plan``: the choice as plain data (settings, batch, log lines) for the broadcast."""
-        from .planner import NothingFits, choose_plan, choose_plan_and_batch
-
-        budget, fraction, source = self._memory_target()
-        imgsz = self._planning_imgsz()
-        amp = autocast_dtype(self)
-        batch = None if autobatch else max(self.batch_size // max(self.world_size, 1), 1)
-        cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
-        self.memory_target = int(fraction * budget)
-        # DDP's gradient buckets: Ultralytics wraps the model in DistributedDataParallel with its default
-        # gradient_as_bucket_view=False (8.4.190), which keeps a flat copy of every gradient beside the gradients
-        # (tests/test_ddp.py: without this the two-rank epoch on a simulated device passes auto's share). AutoBatch
-        # is single-process, so only a fixed batch meets them here.
-        buckets = grad_bytes(model) if self.world_size > 1 else 0
-        # The loop's other batches (measure.loop_bytes): without them a plan measured right at a 0.4x share trained
-        # 1.2 MB past it (tests/test_device.py). A fixed batch's plan is chosen for the share less them; AutoBatch
-        # counts them at every batch it weighs (planner.choose_plan_and_batch), so here they are per image.
-        loop = loop_bytes(model, imgsz, batch or 1, objects)
-        what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
-                else "the largest batch" if autobatch else f"batch {batch}")
-        less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
-        less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB{' per image' if autobatch else ''})"
-        LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
-                    f"{source}{less} at imgsz={imgsz}, {what}...")
-        start = time.perf_counter()
-        try:
-            if autobatch:
-                choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
-            else:
-                choice = choose_plan(model, imgsz, batch, self.memory_target - buckets - loop, objects, amp)
-        except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
-            # (choose_plan_and_batch's bound holds the loop's batches at its batch already)
-            need = math.ceil((e.needed + buckets + (0 if autobatch else loop)) / fraction / 2**20)
-            raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz") from None
-        except ValueError as e:
-            raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
-        self._plan_costs = choice.costs  # escalation on out-of-memory starts from them
-        s = choice.candidate.settings
-        how = "extrapolated from batches the device holds" if choice.extrapolated else "measured"
-        capped = f" (capped to the {cap} training images)" if autobatch and choice.batch == cap == dataset_size else ""
-        lines = [f"{PREFIX} {line}" for line in auto_report(choice, s["checkpoint_mode"], how, capped)]
-        lines.append(f"{PREFIX} auto: planned in {time.perf_counter() - start:.1f} s ({len(choice.costs.unit) + 1} "
-                     f"timed batch-1 steps: vanilla, and each unit alone in each of its modes; "
-                     f"{len(choice.tried)} candidates measured at batch {choice.batch})")
-        if self.device.type == "cuda":
-            lines.append(f"{PREFIX} auto: not confirmed on {self.device}: the batch was extrapolated beyond what it "
-                         f"holds" if choice.extrapolated else self._confirm_on_cuda(model, s, choice.batch, imgsz,
-                                                                                   objects, amp))
-        return {"settings": s, "batch": choice.batch, "lines": lines}
-
-    def _confirm_on_cuda(self, model: nn.Module, settings: dict, batch: int, imgsz: int, objects: int,
-                         amp: torch.dtype | None) -> str:
-        """One measured step of the chosen plan on the CUDA device: the allocator's ``max_memory_reserved`` against
-        the share of usable memory (tensor bytes were planned; this is what the allocator really takes)."""
-        from .measure import step_loss, training_batch
-
-        dev = device_memory(self.device)
-        target = int(self.memory_target * dev.margin)
-
-        def step() -> int:  # the device bounds it: a memory error is "does not fit" (``unless_oom``), never the run's
-            with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
-                              settings["checkpoint_layers"] or None) as m:
-                data = training_batch(m, imgsz, batch, objects)
-                torch.cuda.synchronize(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-                step_loss(m, data, amp).backward()
-                torch.cuda.synchronize(self.device)
-                return torch.cuda.max_memory_reserved(self.device)
-
-        reserved = unless_oom(step, self.device)
-        release(self.device)
-        if reserved is None:
-            return (f"{PREFIX} auto on {dev.name}: the chosen plan's step ran out of memory when confirmed (the "
-                    f"allocator needs more than the tensor bytes planned): escalation follows if training does too")
-        verdict = "confirmed" if reserved <= target else "over the target: escalation follows an out-of-memory"
-        return (f"{PREFIX} auto on {dev.name}: max_memory_reserved {reserved / 2**30:.3f} GB of "
-                f"{target / 2**30:.3f} GB ({verdict})")
-
-    def _record_settings(self) -> None:
-        """args.yaml holds the plan that trains, as last.pt does: resume restores it."""
-        if RANK in {-1, 0}:
-            YAML.save(self.save_dir / "args.yaml", vars(self.args))
-
-    def _planning_imgsz(self) -> int:
-        """The largest image side this run trains at (``multi_scale`` included), a multiple of the stride."""
-        return math.ceil(self.args.imgsz * (1 + self.args.multi_scale) / self.stride) * self.stride
-
-    def _objects(self) -> int:
-        """Labelled objects per image planning measures: the most in one training image x4 (mosaic), as Ultralytics'
-        AutoBatch counts them."""
-        labels = getattr(getattr(self.train_loader, "dataset", None), "labels", None) or []
-        counts = [len(x["cls"]) for x in labels if isinstance(x, dict) and "cls" in x]
-        return max(max(counts, default=0) * 4, 1)
+    def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train"):
+        """Ultralytics' loader; the validator's at most the batch planning measured to fit (``val_batch``)."""
+        if mode == "val" and self.val_batch is not None:
+            batch_size = min(batch_size, self.val_batch)
+        return super().get_dataloader(dataset_path, batch_size, rank, mode)
 
     def _build_train_pipeline(self) -> None:
         """Build loaders and optimizer settings like Ultralytics; in its first-epoch out-of-memory retry, keep the
-        batch when a plan that keeps less exists (``escalation_point`` installs it when the epoch restarts).
+        batch when a plan that keeps less exists (``run_planning.hold_batch``; ``escalation_point`` installs it when
+        the epoch restarts).
 
         Private hook, checked against ultralytics 8.4.190: ``BaseTrainer._do_train`` halves ``batch`` on an
         out-of-memory error and calls this method before restarting the epoch; nothing public runs in between, and
         the loaders must be built at the batch that will train. Ultralytics' "Reducing to batch=..." warning is
         printed before this runs.
         """
-        held, model = self._pipeline_batch, unwrap_model(self.model)
-        settings = {k: getattr(self.args, k) for k in ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")}
-        checkpoints = checkpoint_plan(model) is not None or self._plan_costs is not None  # auto may choose vanilla
-        if held is not None and self.batch_size < held and RANK == -1 and checkpoints \
-                and not keeps_least(settings, self._stages):
-            self.args.batch = self.batch_size = held
-            self._escalate = True
-        if held is None:  # set-up, memory free: a stage dry run may allocate now, not in the retry
-            self._stages = sorted(model_stages(model))
+        run_planning.hold_batch(self)
         super()._build_train_pipeline()
-        self._pipeline_batch = self.batch_size
-
-    def _escalate_plan(self) -> None:
-        """Install the next plan after an out-of-memory error at this batch, record it, and say so in one line."""
-        model = unwrap_model(self.model)
-        keys = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
-        old = {k: getattr(self.args, k) for k in keys}
-        release(self.device)  # the failed step's tensors, held by the traceback until now
-        imgsz = self._planning_imgsz()
-        amp = autocast_dtype(self)
-        with random_state_kept(self.device):  # training goes on from here, as after Ultralytics' own retry
-            if self._plan_costs is None:  # once: a second escalation at this imgsz plans from the same unit steps
-                self._plan_costs = unit_costs(model, imgsz, self._objects(), amp)
-            settings, measured = next_plan(model, old, imgsz, self.batch_size, self._objects(), amp,
-                                           self._plan_costs)
-        for k, v in settings.items():
-            setattr(self.args, k, v)
-        plan = CheckpointPlan.from_spec(model, settings["checkpoint_stages"], settings["checkpoint_layers"] or None)
-        enable_checkpointing(model, plan, settings["checkpoint_mode"])
-        self._record_settings()
-        before = CheckpointPlan.from_spec(model, old["checkpoint_stages"], old["checkpoint_layers"] or None)
-        how = (f"its step measured {measured / 2**30:.3f} GB, within what the device has free less the training "
-               f"loop's other batches" if measured is not None
-               else "none was measured to fit, so the plan that keeps the least; if it runs out too, the batch halves")
-        LOGGER.warning(f"{PREFIX} out of memory at batch {self.batch_size} with "
-                       f"{before.describe(old['checkpoint_mode'] or 'full')}: escalated to "
-                       f"{plan.describe(settings['checkpoint_mode'])} at the same batch instead of halving it ({how})")
+        self.planning.pipeline_batch = self.batch_size
 
     def save_metrics(self, metrics: dict) -> None:
         """Write results.csv with this epoch's peak memory columns, and pass them to Ultralytics' loggers.
