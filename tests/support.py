@@ -134,7 +134,10 @@ def dump_training(trainer) -> None:
     (out / f"forwards_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "forward_counts", None)))
     (out / f"convs_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "conv_counts", None)))
     # whether this rank measured auto's unit costs itself (under DDP only rank 0 plans and broadcasts)
-    (out / f"planned_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "_plan_costs", None) is not None))
+    loader = getattr(trainer, "test_loader", None)  # the validator's batch (auto lowers it where it would not fit)
+    (out / f"val_batch_rank{RANK}.json").write_text(json.dumps(getattr(loader, "batch_size", None)))
+    planning = getattr(trainer, "planning", None)
+    (out / f"planned_rank{RANK}.json").write_text(json.dumps(getattr(planning, "costs", None) is not None))
     if isinstance(trainer.model, torch.nn.Module):
         torch.save(unwrap_model(trainer.model).state_dict(), out / f"model_rank{RANK}.pt")
 
@@ -317,7 +320,9 @@ def assert_same_run(v_dir: Path, c_dir: Path, ranks=(-1,)) -> None:
     """results.csv, every weights file and each rank's final training model of two runs are equal."""
     rows, reference = results(c_dir), results(v_dir)
     assert len(rows) == len(reference) > 0
-    assert [{k: row[k] for k in base} for row, base in zip(rows, reference)] == reference  # + our memory columns
+    differ = [(i, k, base[k], row.get(k)) for i, (row, base) in enumerate(zip(rows, reference)) for k in base
+              if row.get(k) != base[k]]
+    assert not differ, differ  # (epoch, column, vanilla, ours); ours has our memory columns besides
     mem = [v for row in rows for k, v in row.items() if k.startswith("mem/")]
     assert mem and all(0 < float(v) < math.inf for v in mem)  # measured in every epoch: our callbacks ran
     files = sorted(p.name for p in (v_dir / "weights").glob("*.pt"))
@@ -497,14 +502,33 @@ def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> 
     return f"{int((fixed + share * peak) / 0.6)}B"
 
 
-def train_run(model: str, data: str, project: Path, name: str, ours: dict | None = None, **kw) -> Path:
+def val_batch(run: Path, rank: int = -1) -> int | None:
+    """The batch a run's validator had (``dump_training``)."""
+    return json.loads((run / f"val_batch_rank{rank}.json").read_text())
+
+
+def validating_at(trainer: type, batch: int) -> type:
+    """Ultralytics' ``trainer`` (vanilla), its validator's loader at ``batch``: the reference for a run whose planning
+    lowered the validator's batch (training is untouched; the validation losses average over other batches)."""
+    def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
+        return trainer.get_dataloader(self, dataset_path, batch if mode == "val" else batch_size, rank, mode)
+
+    return type(f"{trainer.__name__}ValidatingAt{batch}", (trainer,), {"get_dataloader": get_dataloader})
+
+
+def train_run(model: str, data: str, project: Path, name: str, ours: dict | None = None, val_at: int | None = None,
+              **kw) -> Path:
     """One training with ``TRAIN_ARGS`` updated by ``kw`` (``device=0`` trains on CUDA), counting layer forwards:
-    vanilla Ultralytics, or yolo_ckpt's trainer with our keys ``ours``; return the run dir."""
+    vanilla Ultralytics (its validator at batch ``val_at`` if given), or yolo_ckpt's trainer with our keys ``ours``;
+    return the run dir."""
     m = ultralytics_class(model)(model)  # the class `yolo train` picks (RT-DETR by name)
     add_counting(m)
     args = {**TRAIN_ARGS, "data": data, "project": str(project), "save_period": 1, **kw}
-    trainer = RTDETRTrainer if isinstance(m, ultralytics.RTDETR) else TRAINERS.get(m.task)
-    m.train(**({"trainer": trainer, **ours} if ours else {}), name=name, **args)
+    if ours:
+        args.update(trainer=RTDETRTrainer if isinstance(m, ultralytics.RTDETR) else TRAINERS.get(m.task), **ours)
+    elif val_at is not None:
+        args["trainer"] = validating_at(m._smart_load("trainer"), val_at)
+    m.train(name=name, **args)
     return Path(m.trainer.save_dir)
 
 

@@ -26,6 +26,7 @@ from support import (
     measured_step,
     results,
     train_run,
+    val_batch,
     write_depth_set,
     write_polygon_set,
 )
@@ -89,7 +90,10 @@ def test_auto_with_autobatch_trains_like_vanilla(name, detect_data, tmp_path):
     assert 0 < float(results(ckpt)[0]["mem/peak_tensor_GB"]) * 2**30 <= share
 
     # vanilla Ultralytics' own AutoBatch (it builds the training set to count labels, which draws from `random`, as
-    # ours does), on a GPU where it finds that batch
+    # ours does), on a GPU where it finds that batch; its validator at the batch planning gave ours (at most
+    # Ultralytics' own: where validation would not fit the share, planning lowers it, and the validation losses
+    # average over those batches)
+    assert 1 <= (at := val_batch(ckpt)) <= 2 * batch
     with mock.patch("ultralytics.engine.trainer.check_train_batch_size", return_value=batch):
-        vanilla = train_run(name, data, tmp_path, "vanilla", batch=-1, **kw)
+        vanilla = train_run(name, data, tmp_path, "vanilla", batch=-1, val_at=at, **kw)
     assert_same_training(name, plan["checkpoint_stages"], vanilla, ckpt, layers=plan["checkpoint_layers"] or None)

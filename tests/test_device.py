@@ -348,8 +348,10 @@ def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(
     assert unlimited.batch < 16 and abs(r.batch - unlimited.batch) <= 0.1 * unlimited.batch, (r.batch, unlimited)
     assert r.planning <= device
     assert r.log.count("is more than simulated device") == 1 and "extrapolated from steps at batches" in r.log
-    # the batch planned for the budget does not fit this device: the first epoch's retry takes it down
-    assert r.trainer.batch_size < r.batch
+    # the batch planned for the budget does not fit this device: the first epoch runs out, and escalation (a plan that
+    # keeps less at that batch) or the retry's halving takes it
+    escalated = f"out of memory at batch {r.batch} with stages [2, 3]: escalated" in r.log
+    assert escalated or r.trainer.batch_size < r.batch, r.log
 
 
 @pytest.mark.parametrize("message", [

@@ -173,7 +173,8 @@ def test_cost_model_orders_ops_as_this_cpu_times_them():
     """The model behind the rule against this machine's clock: SiLU, BatchNorm in training, a 3x3 convolution over 32
     channels and a 5x5 max pool, timed per byte of output, fall in the order their modelled costs give, and
     KEEP_NS_PER_BYTE splits them as the rule acts (SiLU and BatchNorm recomputed, the convolution and the pool kept);
-    each is more than twice the one before, so the order is not noise."""
+    each is more than 1.25x the one before, so the order is not noise (quiet, each step is 2x or more; on a loaded
+    2-core CI machine the two memory-bound ops came within 1.45x of each other)."""
     torch.manual_seed(0)
     x, aten = torch.randn(4, 32, 64, 64), torch.ops.aten
     conv, bn, pool = nn.Conv2d(32, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32).train(), nn.MaxPool2d(5, 1, 2)
@@ -192,4 +193,4 @@ def test_cost_model_orders_ops_as_this_cpu_times_them():
     assert sorted(measured, key=measured.get) == sorted(modelled, key=modelled.get) == list(measured), measured
     assert [modelled[k] >= KEEP_NS_PER_BYTE for k in modelled] == [False, False, True, True]
     ratios = [b / a for a, b in zip(list(measured.values()), list(measured.values())[1:])]
-    assert min(ratios) > 2, measured
+    assert min(ratios) > 1.25, measured

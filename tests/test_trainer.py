@@ -291,7 +291,8 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
 
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
     monkeypatch.setattr(rp, "choose", choose)
-    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
+    monkeypatch.setattr(rp, "smallest_device", lambda trainer: None)  # a collective: every rank reads its device
+    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), planning=rp.Planning())
     monkeypatch.setattr(rp, "RANK", 0)
     with pytest.raises(KeyError, match="sem_masks"):
         rp.auto_plan(fake, 1)

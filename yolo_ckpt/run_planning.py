@@ -21,12 +21,14 @@ State lives on the trainer: ``memory_target`` and ``autobatch_without`` (read by
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from ultralytics.engine.trainer import BaseTrainer
@@ -362,9 +364,13 @@ def val_objects(trainer: Any) -> int:
     """Labelled objects per image validation measures: the most in one validation image (no mosaic there)."""
     dataset = getattr(getattr(trainer, "test_loader", None), "dataset", None)
     if dataset is None:  # AutoBatch runs before Ultralytics builds the loaders
+        # vanilla builds no validation set here, and building one draws from `random` (training's augmentations)
+        states = random.getstate(), np.random.get_state()
         with override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
             dataset = trainer.build_dataset(trainer.data.get(trainer.args.split) or trainer.data["val"], mode="val",
                                             batch=16)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
     labels = [x for x in getattr(dataset, "labels", None) or [] if isinstance(x, dict) and "cls" in x]
     return max(max((len(x["cls"]) for x in labels), default=0), 1)
 
