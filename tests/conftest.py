@@ -6,6 +6,13 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # before Ultralytics is imported: no
 
 import pytest
 
+from yolo_ckpt import planner
+
+# Planning times each batch-1 probe step (median of TIMED_STEPS) to rank plans by step time. The suite checks what
+# planning chooses against bounds and vanilla runs, never how well it ranks by time, so one timed step per probe
+# serves it (the other two were a fifth of every auto and escalation test). Multi-process launches keep the default.
+planner.TIMED_STEPS = 1
+
 
 @pytest.fixture(scope="session")
 def detect_data() -> str:
@@ -25,3 +32,4 @@ def one_launch_at_a_time(tmp_path_factory):
     with open(tmp_path_factory.getbasetemp().parent / "yolo-ckpt-launch.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         yield
+

@@ -87,7 +87,8 @@ def test_a_plan_that_keeps_the_least_hands_over_to_ultralytics_halving(detect_da
     with escalations_logged() as plans:
         model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), **least,
                     **{**ARGS, "save_period": -1})
-    assert model.trainer.oom_raised and model.trainer.batch_size == ARGS["batch"] // 2 and not plans
+    t = model.trainer  # (flaky beside other tests, cause not found yet: the message says what escalation compared)
+    assert t.oom_raised and t.batch_size == ARGS["batch"] // 2 and not plans, (plans, least, t.planning.least)
 
 
 def test_the_whole_network_in_full_still_escalates_to_nested_parts(detect_data, tmp_path):
