@@ -2,11 +2,13 @@
 ``device_memory`` does not see, as a GPU whose free memory moved after it was read): the whole run fits, validation
 included, and a probe that runs out narrows the batch instead of collapsing it."""
 
+from ultralytics.utils.torch_utils import unwrap_model
 
-
+from yolo_ckpt import YOLO, run_planning
 from yolo_ckpt.autobatch import plan_batch
 from yolo_ckpt.device import SimulatedDevice, UntoldDevice
-from yolo_ckpt.measure import build_model, planned_copy
+from yolo_ckpt.measure import build_model, planned_copy, state_bytes, validation_bytes, weight_bytes
+from yolo_ckpt.memory import LiveTensorTracker
 
 from support import TRAIN_ARGS
 
@@ -30,3 +32,32 @@ def test_autobatch_on_an_untold_device_narrows_the_batch_to_what_the_told_device
     assert told.extrapolated and untold.extrapolated and max(told.points) > 1
     assert max(untold.points) > 1 and abs(untold.batch / told.batch - 1) <= 0.25, (told, untold)
     assert dev.peak <= device
+
+
+def test_validation_is_planned_at_the_validators_real_size_and_bounds_its_peak(detect_data, tmp_path):
+    """What planning measures for validation against the real validator: every tensor allocated from
+    ``on_val_start`` to ``on_val_end`` of the epoch's validation (Ultralytics' own, in training), tracked with a
+    fresh exact tracker. Planning's figure bounds it, tightly: Ultralytics pads the validator's rectangular batches
+    by half a stride (160 px images validate at 192), and planning at 160 px counted 14.9 of its 21.4 MiB."""
+    peaks, trackers = [], []
+
+    def start(validator):
+        trackers.append(LiveTensorTracker().__enter__())
+
+    def end(validator):
+        t = trackers.pop()
+        t.__exit__(None, None, None)
+        peaks.append(t.peak)
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_val_start", start)
+    model.add_callback("on_val_end", end)
+    model.train(data=detect_data, project=str(tmp_path), checkpoint_stages=[2, 3], **{**ARGS, "val": True})
+    t = model.trainer
+    plain = unwrap_model(t.model)
+    size = run_planning.validation_imgsz(t)  # what plan_validation measures at
+    assert size == t.test_loader.dataset.batch_shapes.max() == 192  # the validator's own batches
+    planned = validation_bytes(plain, size, t.test_loader.batch_size, run_planning.val_objects(t))
+    planned -= state_bytes(plain) + weight_bytes(plain)  # the tracker saw what validation allocated, not the state
+    real = peaks[0]  # the epoch's (the final one validates best.pt, fused: less)
+    assert len(peaks) == 2 and real <= planned <= 1.05 * real, (planned / 2**20, [p / 2**20 for p in peaks])

@@ -42,6 +42,7 @@ from support import (
     auto_budget,
     forward_counts,
     results,
+    val_batch,
 )
 
 pytestmark = [pytest.mark.xdist_group("ddp"), pytest.mark.usefixtures("one_launch_at_a_time")]  # one launch at a time
@@ -105,13 +106,13 @@ def launches(detect_data, tmp_path_factory):
         return tmp_path_factory.mktemp(layout.replace(" ", ""), numbered=False)
 
     @cache
-    def run(layout: str, name: str):
+    def run(layout: str, name: str, val_at: int | None = None):
         project = projects(layout)
-        kw = {"vanilla": {"trainer": "vanilla"},
+        kw = {"vanilla": {"trainer": "vanilla", **({"extra": {"val_batch": val_at}} if val_at else {})},
               "ckpt": {"trainer": "ckpt", "checkpoint_stages": STAGES, "extra": {"alloc_rank": 1}},
               "auto": {"trainer": "ckpt", "checkpoint_stages": "auto", "memory_budget": budget}}[name]
         epochs = ARGS["epochs"] if layout == "2 nodes x 1" else 1  # two nodes: epoch0.pt is resumed
-        return train(layout, project, name, data=detect_data, epochs=epochs, **kw)
+        return train(layout, project, f"{name}_val{val_at}" if val_at else name, data=detect_data, epochs=epochs, **kw)
 
     return run
 
@@ -147,7 +148,11 @@ def test_checkpointed_launch_matches_plain_launch(launches, layout, tmp_path):
 def test_auto_is_chosen_once_across_nodes_and_matches_plain_launch(launches):
     """Rank 0 plans for its share of the batch and broadcasts to the other node; both ranks install that plan and
     train as plain. (One node of two processes: ``test_ddp``'s ``auto`` run, whose workers train on this path.)"""
-    (vanilla, _), (auto, log) = launches("2 nodes x 1", "vanilla"), launches("2 nodes x 1", "auto")
+    auto, log = launches("2 nodes x 1", "auto")
+    # vanilla's validator at the batch planning gave ours (where Ultralytics' own would not fit the share)
+    at, own = val_batch(auto, 0), ARGS["batch"]  # Ultralytics': twice the per-rank batch, batch // 2 on two ranks
+    assert 1 <= at <= own
+    vanilla, _ = launches("2 nodes x 1", "vanilla", at if at < own else None)
     planned = [json.loads((auto / f"planned_rank{r}.json").read_text()) for r in (0, 1)]
     assert planned == [True, False] and log.count("auto: choosing the plan") == 1  # only rank 0 measured
     chosen = yaml.safe_load((auto / "args.yaml").read_text())

@@ -14,7 +14,7 @@ import torch
 import ultralytics
 from ultralytics.utils import RANK
 
-from support import TORCHRUN_TRAINERS, add_counting
+from support import TORCHRUN_TRAINERS, add_counting, validating_at
 
 EXTRA = 2**29  # bytes rank `alloc_rank` holds during a batch: more than a whole step of these runs
 
@@ -54,7 +54,10 @@ def main(spec: dict) -> None:
     if extra.get("fail_rank") == RANK:
         model.add_callback("on_train_start", fail_here)
     model.add_callback("on_fit_epoch_end", own_peaks)
-    model.train(trainer=TORCHRUN_TRAINERS[spec.pop("trainer")], **spec)
+    trainer = TORCHRUN_TRAINERS[spec.pop("trainer")]
+    if extra.get("val_batch"):  # vanilla's validator at the batch a planned run gave its own
+        trainer = validating_at(trainer, extra["val_batch"])
+    model.train(trainer=trainer, **spec)
 
 
 if __name__ == "__main__":

@@ -297,7 +297,8 @@ def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OB
     optimizer moments; the gradients were set to ``None`` by the last optimizer step), a second copy of the weights
     (the final evaluation loads best.pt beside that state), the batch on the device and the exact peak of forward and
     loss. Not counted: non-maximum suppression of the predictions (a few boxes per image). Square ``imgsz`` images
-    bound the validator's rectangular batches, which are letterboxed within ``imgsz``.
+    bound the validator's rectangular batches where ``imgsz`` is their padded size
+    (``run_planning.validation_imgsz``: Ultralytics pads them by half a stride, 192 px for ``imgsz=160``).
 
     ``limit`` (bytes, as ``step_bytes``): past it, ``device.LimitReached``.
     """

@@ -98,6 +98,18 @@ def random_state_kept(device: torch.device) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def python_random_kept() -> Iterator[None]:
+    """Leave Python's and NumPy's generators as the block found them: building a dataset draws from them, and
+    training's augmentations draw next, where vanilla Ultralytics builds none."""
+    states = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+
+
 def settings_of(trainer: Any) -> dict[str, Any]:
     """The plan the trainer's args hold (``checkpoint_stages``, ``checkpoint_layers``, ``checkpoint_mode``)."""
     return {k: getattr(trainer.args, k) for k in KEYS}
@@ -364,15 +376,21 @@ def val_objects(trainer: Any) -> int:
     """Labelled objects per image validation measures: the most in one validation image (no mosaic there)."""
     dataset = getattr(getattr(trainer, "test_loader", None), "dataset", None)
     if dataset is None:  # AutoBatch runs before Ultralytics builds the loaders
-        # vanilla builds no validation set here, and building one draws from `random` (training's augmentations)
-        states = random.getstate(), np.random.get_state()
-        with override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
+        with python_random_kept(), override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
             dataset = trainer.build_dataset(trainer.data.get(trainer.args.split) or trainer.data["val"], mode="val",
                                             batch=16)
-        random.setstate(states[0])
-        np.random.set_state(states[1])
     labels = [x for x in getattr(dataset, "labels", None) or [] if isinstance(x, dict) and "cls" in x]
     return max(max((len(x["cls"]) for x in labels), default=0), 1)
+
+
+def validation_imgsz(trainer: Any) -> int:
+    """The longest side of the validator's images. Ultralytics validates rectangular batches padded by half a stride
+    (``build_yolo_dataset(..., pad=0.5)`` for mode "val", ``ultralytics/data/build.py``, 8.4.190): at most
+    ``ceil(imgsz / stride + 0.5) * stride``, 192 for ``imgsz=160`` at stride 32, 672 for 640. Classification
+    validates ``imgsz`` crops."""
+    stride = int(trainer.stride)
+    pad = 0.0 if trainer.args.task == "classify" else 0.5
+    return math.ceil(trainer.args.imgsz / stride + pad) * stride
 
 
 def plan_validation(trainer: Any, model: nn.Module, batch: int, target: int, held: int,
@@ -389,7 +407,7 @@ def plan_validation(trainer: Any, model: nn.Module, batch: int, target: int, hel
     Raises:
         CheckpointConfigError: When not even batch 1 validates within ``target``.
     """
-    imgsz = math.ceil(trainer.args.imgsz / trainer.stride) * trainer.stride
+    imgsz = validation_imgsz(trainer)
     half = trainer.device.type != "cpu" and bool(trainer.amp)  # the validator's fp16 rule (``args.quantize``)
     n = val_objects(trainer)
     default = batch if trainer.args.task in VAL_AT_TRAINING_BATCH else 2 * batch
@@ -421,8 +439,9 @@ def validate_at_planned_batch(trainer: Any) -> None:
     loader = getattr(trainer, "test_loader", None)
     if trainer.val_batch is None or loader is None or loader.batch_size <= trainer.val_batch:
         return
-    trainer.test_loader = trainer.get_dataloader(trainer.data[trainer.args.split], batch_size=trainer.val_batch,
-                                                 rank=LOCAL_RANK, mode="val")
+    with python_random_kept():
+        trainer.test_loader = trainer.get_dataloader(trainer.data[trainer.args.split], batch_size=trainer.val_batch,
+                                                     rank=LOCAL_RANK, mode="val")
     if getattr(trainer, "validator", None) is not None:
         trainer.validator.dataloader = trainer.test_loader
 
