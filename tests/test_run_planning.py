@@ -57,7 +57,32 @@ def test_validation_is_planned_at_the_validators_real_size_and_bounds_its_peak(d
     plain = unwrap_model(t.model)
     size = run_planning.validation_imgsz(t)  # what plan_validation measures at
     assert size == t.test_loader.dataset.batch_shapes.max() == 192  # the validator's own batches
-    planned = validation_bytes(plain, size, t.test_loader.batch_size, run_planning.val_objects(t))
+    planned = validation_bytes(plain, size, t.test_loader.batch_size, run_planning.val_facts(t)[0])
     planned -= state_bytes(plain) + weight_bytes(plain)  # the tracker saw what validation allocated, not the state
     real = peaks[0]  # the epoch's (the final one validates best.pt, fused: less)
     assert len(peaks) == 2 and real <= planned <= 1.05 * real, (planned / 2**20, [p / 2**20 for p in peaks])
+
+
+def test_a_validator_that_would_not_fit_is_given_the_batch_planned_to_fit(detect_data, tmp_path):
+    """A target that the real validator at Ultralytics' batch passes (twice the training batch: the 8 validation
+    images): planning gives it a smaller batch, the validator's loader is rebuilt at it, and the real validator at
+    that batch stays within the target (its exact peak, tracked from ``on_val_start`` to ``on_val_end``, beside the
+    training state planning counts resident)."""
+    peaks, trackers = [], []
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_val_start", lambda v: trackers.append(LiveTensorTracker().__enter__()))
+    model.add_callback("on_val_end", lambda v: (t := trackers.pop()).__exit__(None, None, None) or peaks.append(t.peak))
+    model.train(data=detect_data, project=str(tmp_path), checkpoint_stages=[2, 3], **ARGS)
+    t, plain = model.trainer, unwrap_model(model.trainer.model)
+    static = state_bytes(plain) + weight_bytes(plain)
+    t.validate()
+    assert t.test_loader.batch_size == 8 == 2 * t.batch_size, (t.test_loader.batch_size, t.batch_size)
+    ultralytics_own = peaks[-1]
+    target = static + int(0.8 * ultralytics_own)
+    batch, line = run_planning.plan_validation(t, plain, t.batch_size, target, 0, 0)
+    assert batch is not None and 1 <= batch < 8 and f"validating at batch {batch}," in line, line
+    t.val_batch = batch
+    run_planning.validate_at_planned_batch(t)
+    t.validate()
+    assert t.test_loader.batch_size == batch and t.validator.dataloader is t.test_loader
+    assert static + peaks[-1] <= target, (batch, peaks[-1] / 2**20, (target - static) / 2**20)

@@ -372,15 +372,17 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     return {"settings": s, "batch": choice.batch, "lines": lines, "val_batch": val_batch}
 
 
-def val_objects(trainer: Any) -> int:
-    """Labelled objects per image validation measures: the most in one validation image (no mosaic there)."""
+def val_facts(trainer: Any) -> tuple[int, int]:
+    """``(objects, images)`` of the validation set: the most labelled objects in one image (no mosaic there), which
+    validation measures, and the number of images, the most Ultralytics' loader batches (``build_dataloader``,
+    8.4.190)."""
     dataset = getattr(getattr(trainer, "test_loader", None), "dataset", None)
     if dataset is None:  # AutoBatch runs before Ultralytics builds the loaders
         with python_random_kept(), override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
             dataset = trainer.build_dataset(trainer.data.get(trainer.args.split) or trainer.data["val"], mode="val",
                                             batch=16)
     labels = [x for x in getattr(dataset, "labels", None) or [] if isinstance(x, dict) and "cls" in x]
-    return max(max((len(x["cls"]) for x in labels), default=0), 1)
+    return max(max((len(x["cls"]) for x in labels), default=0), 1), len(dataset)
 
 
 def validation_imgsz(trainer: Any) -> int:
@@ -397,20 +399,21 @@ def plan_validation(trainer: Any, model: nn.Module, batch: int, target: int, hel
                     step: int) -> tuple[int | None, str]:
     """The validator's batch for a run training at ``batch`` (per process) within ``target`` bytes, and a log line.
 
-    Ultralytics validates detection, segmentation, pose and classification at twice the training batch: without a
-    gradient, but with the training state resident, the EMA and (in the final evaluation) best.pt loaded beside it
-    (``measure.validation_bytes``), and with the training loop's last batches still alive (``held``). Measured like
-    a probe step, bounded by ``target`` and by what the device has free. ``None``: Ultralytics' own batch fits; else
-    the largest batch measured to fit, found from the bound a batch-1 measurement gives (memory is ``a·b + c`` with
-    ``c >= 0``, as ``autobatch`` states), which ``get_dataloader`` then gives the validator.
+    Ultralytics validates detection, segmentation, pose and classification at twice the training batch, at most the
+    validation images (its loader batches no more): without a gradient, but with the training state resident, the
+    EMA and (in the final evaluation) best.pt loaded beside it (``measure.validation_bytes``), and with the training
+    loop's last batches still alive (``held``). Measured like a probe step, bounded by ``target`` and by what the
+    device has free. ``None``: Ultralytics' own batch fits; else the largest batch measured to fit, found from the
+    bound a batch-1 measurement gives (memory is ``a·b + c`` with ``c >= 0``, as ``autobatch`` states), which
+    ``get_dataloader`` then gives the validator.
 
     Raises:
         CheckpointConfigError: When not even batch 1 validates within ``target``.
     """
     imgsz = validation_imgsz(trainer)
     half = trainer.device.type != "cpu" and bool(trainer.amp)  # the validator's fp16 rule (``args.quantize``)
-    n = val_objects(trainer)
-    default = batch if trainer.args.task in VAL_AT_TRAINING_BATCH else 2 * batch
+    n, images = val_facts(trainer)
+    default = min(batch if trainer.args.task in VAL_AT_TRAINING_BATCH else 2 * batch, max(images, 1))
     limit = probe_room(model, target - held).limit
 
     def measure(b: int) -> int | None:
