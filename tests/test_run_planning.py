@@ -2,6 +2,7 @@
 ``device_memory`` does not see, as a GPU whose free memory moved after it was read): the whole run fits, validation
 included, and a probe that runs out narrows the batch instead of collapsing it."""
 
+import pytest
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO, run_planning
@@ -9,6 +10,7 @@ from yolo_ckpt.autobatch import plan_batch
 from yolo_ckpt.device import SimulatedDevice, UntoldDevice
 from yolo_ckpt.measure import build_model, planned_copy, state_bytes, validation_bytes, weight_bytes
 from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.synthetic import synthetic_dataset
 
 from support import TRAIN_ARGS
 
@@ -86,3 +88,27 @@ def test_a_validator_that_would_not_fit_is_given_the_batch_planned_to_fit(detect
     t.validate()
     assert t.test_loader.batch_size == batch and t.validator.dataloader is t.test_loader
     assert static + peaks[-1] <= target, (batch, peaks[-1] / 2**20, (target - static) / 2**20)
+
+
+class _LoadersBuilt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("cfg,task", [("yolo11n.yaml", "detect"), ("yolo26n-sem.yaml", "semantic"),
+                                      ("yolo26n-depth.yaml", "depth")])
+def test_the_validation_size_planned_is_the_validators_largest_image(cfg, task, tmp_path):
+    """The image side validation is planned at (``validation_imgsz``) is the largest the real validator's loader
+    gives, task by task: Ultralytics pads detection's rectangular batches by half a stride, semantic segmentation's
+    not, and validates depth on squares (planning padded all three: semantic and depth at 192 for 160)."""
+    seen = {}
+
+    def loaders_built(trainer):  # Ultralytics built its loaders: stop before training
+        seen["planned"] = run_planning.validation_imgsz(trainer)
+        seen["real"] = max(max(b["img"].shape[-2:]) for b in trainer.test_loader)
+        raise _LoadersBuilt
+
+    model = YOLO(cfg)
+    model.add_callback("on_pretrain_routine_end", loaders_built)
+    with pytest.raises(_LoadersBuilt):
+        model.train(data=str(synthetic_dataset(task)), task=task, project=str(tmp_path), **ARGS)
+    assert seen["planned"] == seen["real"] == (192 if task == "detect" else 160), seen

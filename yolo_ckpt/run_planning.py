@@ -388,10 +388,10 @@ def val_facts(trainer: Any) -> tuple[int, int]:
 def validation_imgsz(trainer: Any) -> int:
     """The longest side of the validator's images. Ultralytics validates rectangular batches padded by half a stride
     (``build_yolo_dataset(..., pad=0.5)`` for mode "val", ``ultralytics/data/build.py``, 8.4.190): at most
-    ``ceil(imgsz / stride + 0.5) * stride``, 192 for ``imgsz=160`` at stride 32, 672 for 640. Classification
-    validates ``imgsz`` crops."""
+    ``ceil(imgsz / stride + 0.5) * stride``, 192 for ``imgsz=160`` at stride 32, 672 for 640. Semantic segmentation
+    validates without the pad and depth at ``imgsz`` squares (the same function); classification ``imgsz`` crops."""
     stride = int(trainer.stride)
-    pad = 0.0 if trainer.args.task == "classify" else 0.5
+    pad = 0.0 if trainer.args.task in {"classify", "semantic", "depth"} else 0.5
     return math.ceil(trainer.args.imgsz / stride + pad) * stride
 
 
