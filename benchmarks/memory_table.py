@@ -1,4 +1,4 @@
-"""README's memory table: checkpointed vs vanilla training steps, measured side by side in one run.
+"""The memory table of docs/figures.md: checkpointed vs vanilla training steps, measured side by side in one run.
 
 For each model, image size and AMP setting, one real training step (``model.loss`` forward + backward, 50 boxes per
 image; the forward under autocast when AMP is on, as Ultralytics' loop) per plan — fixed plans, selective, the whole

@@ -1,8 +1,8 @@
 """Exact peak memory of ``memory_budget`` planning itself, next to the share it plans for.
 
-Runs README's budget example — yolo11n, all stages, ``batch=-1 memory_budget=2GB``, 640 px, the embedded dataset — and
-tracks every live tensor byte (the training model's own weights included) while Ultralytics' trainer runs AutoBatch;
-then prints the batch and the exact peak of the epoch at that batch (results.csv).
+Runs docs/planning.md's budget example — yolo11n, all stages, ``batch=-1 memory_budget=2GB``, 640 px, the embedded
+dataset — and tracks every live tensor byte (the training model's own weights included) while Ultralytics' trainer
+runs AutoBatch; then prints the batch and the exact peak of the epoch at that batch (results.csv).
 
 Usage:
     python benchmarks/planning_peak.py

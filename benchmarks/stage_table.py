@@ -1,4 +1,4 @@
-"""Print README's stage table: layers and module types of each backbone stage, derived from the built models.
+"""The stage table of docs/plans.md: layers and module types of each backbone stage, derived from the built models.
 
 Usage:
     python benchmarks/stage_table.py [yolov8n.yaml yolo11n.yaml yolo26n.yaml ...]

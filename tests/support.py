@@ -482,7 +482,7 @@ def measured_step(model, imgsz, batch, objects=50) -> int:
 
 
 def loop_batches(model, imgsz, batch, objects=50) -> int:
-    """An independent count of the batches Ultralytics' training loop holds beside the one a step trains on (README,
+    """An independent count of the batches Ultralytics' training loop holds beside the one a step trains on (docs,
     Limitations): the loader's uint8 images, and one more batch as the step gets it, from the real tensors of a
     batch of that size (``training_batch``), not from planning's arithmetic."""
     data = training_batch(model, imgsz, batch, objects)

@@ -1,4 +1,4 @@
-"""The benchmark scripts run end to end (their figures are for README; here only that they work)."""
+"""The benchmark scripts run end to end (their figures are for the docs; here only that they work)."""
 
 import subprocess
 import sys
@@ -36,7 +36,7 @@ def test_gpu_check_quick_writes_every_section(tmp_path):
 
 
 def test_recipe_step_extended_from_small_batches_is_the_measured_step():
-    """What README's recipe figures rest on: the step of the recipe's model and plan, measured at batch/8 and batch/4
+    """What docs/recipes.md's figures rest on: the step of the recipe's model and plan, measured at batch/8 and batch/4
     and extended along their line to the recipe's batch, is the step measured at that batch by a fresh tracker (here
     at 512 px, where batch 8 fits this machine in seconds).
 

@@ -12,7 +12,7 @@ Three levels, each against an independent reference:
 
 Inductor partitions and fuses the whole training graph at once, so a checkpoint region can change how kernels
 elsewhere are fused: on yolo11n (320 px) a few gradients of the C2PSA/SPPF and head layers then round differently
-(~1e-8 relative), and compiled yolo11n runs agree to float rounding rather than bit for bit (README, Limitations).
+(~1e-8 relative), and compiled yolo11n runs agree to float rounding rather than bit for bit (docs/limitations.md).
 """
 
 from copy import deepcopy

@@ -16,7 +16,7 @@ from support import TRAIN_ARGS, add_counting, assert_recomputed, assert_same_run
 
 MEDICAL = "synthetic_medical"
 RECIPE = ["train", "cfg=cfg/medical_2048.yaml"]
-YOLO11_STAGES = {1: (0,), 2: (1, 2), 3: (3, 4), 4: (5, 6), 5: (7, 8, 9, 10)}  # README stage table, every scale
+YOLO11_STAGES = {1: (0,), 2: (1, 2), 3: (3, 4), 4: (5, 6), 5: (7, 8, 9, 10)}  # docs/plans.md's stage table
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ device and the batch is extrapolated from the largest measured step by the same 
 ``BatchPlan.extrapolated`` says so. The bound never overestimates; it underestimates by the part of a step that does
 not grow with the batch (``c``) times ``b' / b - 1``, small beside the activations of a batch.
 
-Example:
+Examples:
     >>> from yolo_ckpt.measure import build_model
     >>> plan_batch(build_model("yolo11n.yaml"), imgsz=320, budget=parse_memory("1GB"), fraction=0.6).batch
     9

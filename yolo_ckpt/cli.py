@@ -12,7 +12,7 @@ A task it has no trainer for, or a task word the model's head does not train, st
 
 ``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.profiler``).
 
-Example:
+Examples:
     $ yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4
     $ yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=[2,3]
     $ yolo-ckpt train                       # yolo11n on the embedded dataset, offline

@@ -12,7 +12,7 @@ real GPU and on ``SimulatedDevice``:
   its error as it recognises CUDA's (any ``RuntimeError`` whose message says "out of memory").
 - **CPU** without a simulated device: no limit (``device_memory`` returns ``None``).
 
-Example:
+Examples:
     >>> import torch
     >>> with SimulatedDevice(2**20) as gpu:  # a 1 MiB "GPU"
     ...     a = torch.zeros(2**17)  # 512 KiB
@@ -159,7 +159,7 @@ def cuda_block_bytes(nbytes: int) -> int:
     at most 1 MiB is not split off for others (``kSmallSize``); smaller requests are split from shared 2 MiB or
     20 MiB segments, whose rest serves other tensors.
 
-    Example:
+    Examples:
         >>> cuda_block_bytes(1), cuda_block_bytes(513), cuda_block_bytes(11 * 2**20 + 1) // 2**20
         (512, 1024, 12)
     """
@@ -257,7 +257,7 @@ def parse_device(device: Any) -> tuple[str, list[int]]:
     ``cuda``, ``cuda:N`` and index lists (``0``, ``0,1``, ``[0, 1]``, ``-1`` for an idle GPU), else the backend's
     name (``cpu``, ``mps``, ``npu``, ``xpu``, ...); the indices are those listed.
 
-    Example:
+    Examples:
         >>> parse_device("cuda:0,1"), parse_device([0, 1]), parse_device("xpu:0"), parse_device(None)
         (('cuda', [0, 1]), ('cuda', [0, 1]), ('xpu', []), ('', []))
     """

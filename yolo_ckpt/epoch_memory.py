@@ -16,7 +16,7 @@ measurement that is already running, ``stop`` on a meter that is not running rep
 exit) leaves no dispatch mode behind. The trainer glue below is two callbacks, registered once per trainer, and
 ``close_epoch_memory``, which the trainer calls however training ends.
 
-Example:
+Examples:
     >>> import torch
     >>> meter = EpochPeak("cpu")
     >>> meter.start()

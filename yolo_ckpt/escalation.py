@@ -10,7 +10,7 @@ less is the batch halved.
 A restart after an escalation is the run a user would have started with the new plan: ``Snapshot`` keeps what the
 failed step changed before any optimizer step (BatchNorm buffers, the random generators' states) and puts it back.
 
-Example:
+Examples:
     >>> snap = Snapshot.take(model, ema_updates=0)  # doctest: +SKIP
     >>> settings, measured = next_plan(model, {"checkpoint_stages": [2, 3]}, imgsz=640, batch=4)  # doctest: +SKIP
     >>> snap.restore(model)  # doctest: +SKIP

@@ -11,7 +11,7 @@ FLOPs are counted in that same bounded step by ``measure.FlopCount``, as everywh
 checkpointing frees (under it a whole-network plan's step peaks above the same step without it:
 ``tests/test_profiler.py``), so it would run out of memory exactly where only the checkpointed step fits.
 
-Example:
+Examples:
     >>> from yolo_ckpt.measure import build_model, planned_copy
     >>> with planned_copy(build_model("yolo11n.yaml"), "all") as m:
     ...     fit = fitting_step(m, imgsz=128, batch=2)  # None when it does not fit the device

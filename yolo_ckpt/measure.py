@@ -12,7 +12,7 @@ Memory is counted the way planning compares it with a target:
 A probe step can be given a limit on the bytes it may add (``probe_step``): past it the step stops with an
 out-of-memory error, which means "does not fit", and its memory is released.
 
-Example:
+Examples:
     >>> model = build_model("yolo11n.yaml")
     >>> with planned_copy(model, "all") as m:
     ...     step_bytes(m, imgsz=320, batch=2) < step_bytes(model, imgsz=320, batch=2)
@@ -274,7 +274,7 @@ def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: A
     afterwards the plan is removed, so the copy is freed at once rather than when the collector finds the cycle, and
     planning keeps one copy at a time.
 
-    Example:
+    Examples:
         >>> with planned_copy(build_model("yolo11n.yaml"), [2, 3], "selective") as m:
         ...     step = measure_peak(m, training_batch(m, 128, 1))
     """

@@ -97,7 +97,7 @@ class LiveTensorTracker(TorchDispatchMode):
         peak: High-water mark of ``current`` since start or the last :meth:`reset_peak`.
         num_ops: Number of ops observed (0 means nothing was measured).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from yolo_ckpt.memory import LiveTensorTracker
         >>> with LiveTensorTracker() as tracker:
@@ -288,7 +288,7 @@ def cuda_reset_peak(device: torch.device | str | int | None = None) -> None:
         device: CUDA device (``"cuda"``, ``"cuda:1"``, ``torch.device``, index,
             or ``None`` for the current device).
 
-    Example:
+    Examples:
         >>> cuda_reset_peak("cuda:0")  # doctest: +SKIP
         >>> y = torch.ones(1024, device="cuda:0") * 2  # doctest: +SKIP
         >>> cuda_peaks("cuda:0")[0] >= 2 * 4096  # doctest: +SKIP

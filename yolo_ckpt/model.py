@@ -15,7 +15,7 @@ EMA, predict, export, fuse), profiling and embedding requests run Ultralytics' o
 Regions inside layers (``Region.parts``) shadow ``forward`` the same way, on the instances of the parts (or of the
 Sequential or layer that runs them), see "regions inside layers" below; ``disable_checkpointing`` removes those too.
 
-Example:
+Examples:
     >>> from ultralytics.nn.tasks import DetectionModel
     >>> from yolo_ckpt.stages import CheckpointPlan
     >>> model = DetectionModel("yolo11n.yaml", verbose=False)

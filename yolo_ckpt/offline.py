@@ -11,7 +11,7 @@ matplotlib's bundled DejaVu Sans under those file names with ``font_manager.font
 API, this process only). Nothing is written to Ultralytics' config dir and nothing of Ultralytics is patched; a real
 Arial, in the config dir or installed on the system, is found first and used as before.
 
-Example:
+Examples:
     >>> provide_fonts()  # doctest: +SKIP
 """
 

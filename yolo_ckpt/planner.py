@@ -35,7 +35,7 @@ step that reaches it stops there and counts as "does not fit". When the device i
 ``memory_budget`` bigger than the device), a candidate is confirmed by ``plan_batch``'s steps that fit the device,
 extrapolated to the batch.
 
-Example:
+Examples:
     >>> from yolo_ckpt.measure import build_model
     >>> choice = choose_plan(build_model("yolov8n.yaml"), imgsz=128, batch=2, target=200 * 2**20)
     >>> choice.plan.describe(), choice.measured_bytes <= 200 * 2**20  # doctest: +SKIP

@@ -7,7 +7,7 @@ process. On a GPU or a simulated one (``simulate_gpu=``) every step runs within 
 (``yolo_ckpt.fitting``): a plan whose step does not fit is reported so (``fits`` false, no figures), and when vanilla
 does not fit, nothing is given as a ratio to it.
 
-Example:
+Examples:
     >>> from yolo_ckpt.measure import build_model
     >>> model = build_model("yolo11n.yaml")
     >>> rows = compare_plans(model, imgsz=320, batch=2, plans={"none": [], "all": "all"}, repeats=1)

@@ -13,7 +13,7 @@ checkpoint accepts no ``context_fn`` but selective-checkpoint dispatch modes (to
 ``tests/test_compile.py``). Dynamo's debugging ``eager`` backend does not functionalize, and torch's checkpoint then
 fails on the second BatchNorm update with or without yolo-ckpt.
 
-Example:
+Examples:
     >>> import torch
     >>> from torch import nn
     >>> block = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.SiLU())
@@ -106,7 +106,7 @@ recompute is the cheaper way to have the tensor in backward. The exchange rate b
 BatchNorm, the costliest memory-bound op: yolo11n's whole backbone at 640 px, batch 4 keeps 0.596x the vanilla peak at
 1.015x the FLOPs and 1.118x the CPU step time (the by-name rule before: 0.621x, 1.006x, 1.129x); with BatchNorm's
 outputs kept too, 0.758x at 1.061x; keeping everything, 1.040x at 1.021x, the selective machinery alone
-(``python benchmarks/selective_policy.py``, README "Selective: where the bytes and the time are")."""
+(``python benchmarks/selective_policy.py``, docs/figures.md, "Selective: where the bytes and the time are")."""
 CHEAP_CONV_MACS = math.floor((KEEP_NS_PER_BYTE - NS_COMPUTE) / NS_PER_MAC)
 """Multiply-adds per output element up to which a convolution (or matmul) is recomputed rather than kept (57): the
 RGB stem (3x3x3 = 27), depthwise 3x3 to 7x7, 1x1 over at most 57 channels, attention's QK^T over 32-wide heads; their

@@ -13,7 +13,7 @@ def data_file(folder: str, name: str) -> Path:
     A wheel installs them inside the package (``yolo_ckpt/cfg``, see pyproject's package-dir); a checkout, editable
     or on ``sys.path``, keeps them beside the package at the repository root.
 
-    Example:
+    Examples:
         >>> data_file("cfg", "default.yaml").name
         'default.yaml'
     """

@@ -4,7 +4,7 @@ Stage ``k`` is the run of backbone layers whose output stride is ``2**k`` — th
 model YAMLs. Strides come from a dry run of the backbone, never from an index table, so every scale of yolov8, yolo11
 and yolo26 (P5 and P6) and every task head resolves the same way.
 
-Example:
+Examples:
     >>> from ultralytics.nn.tasks import DetectionModel
     >>> model = DetectionModel("yolo11n.yaml", verbose=False)
     >>> backbone_stages(model)
@@ -497,7 +497,7 @@ def parts_known(model: nn.Module) -> Iterator[None]:
     """Inside the block, ``model``'s plans resolve their parts from one dry run (``model_parts``), not one each: for
     a planner installing plan after plan on one copy, whose layers do not change meanwhile.
 
-    Example:
+    Examples:
         >>> with parts_known(m):
         ...     plans = [CheckpointPlan.from_spec(m, [], [f"{i}.*"]) for i in (2, 4, 6)]  # one dry run
     """
@@ -528,7 +528,7 @@ def model_parts(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
     layers of each branch (``cv2.0: cv2.0.0, cv2.0.1, cv2.0.2``). A Sequential runs its modules one after another
     (torch's own ``forward``), so its parts are its children; other parts are not looked into.
 
-    Example:
+    Examples:
         >>> model_parts("yolo11n.yaml")[2]
         {'': ('cv1', 'm.0', 'cv2')}
     """

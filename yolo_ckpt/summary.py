@@ -6,7 +6,7 @@ copies at the run's batch and imgsz (``profiler.compare_plans``: the exact peak 
 median step time of 3 interleaved rounds), logged beside the run's own per-epoch peak from results.csv. Every figure
 is measured in this run; the trained model is never stepped.
 
-Example:
+Examples:
     $ yolo-ckpt train data=my.yaml checkpoint_stages=all checkpoint_compare
 """
 

@@ -23,7 +23,7 @@ complete or absent; an existing one is reused as is. The scene tasks share the s
 when possible) and differ only in their label files. For classify, Ultralytics numbers the classes by sorted directory
 name (boat, building, tree, vehicle), not by the recipe's ``names`` order.
 
-Example:
+Examples:
     >>> from ultralytics import YOLO
     >>> from yolo_ckpt.synthetic import synthetic_dataset
     >>> data = synthetic_dataset("detect")  # .../synthetic_hr-v1-<hash>/detect/data.yaml, generated on first use

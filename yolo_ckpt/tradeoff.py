@@ -11,7 +11,7 @@ On a GPU or a simulated one (``simulate_gpu=``) every step runs within what the 
 (``yolo_ckpt.fitting``): a plan whose step does not fit has ``fits`` false and no figures, the front is of the plans
 that fit, and auto's choice is ``choose_plan``'s on that device.
 
-Example:
+Examples:
     >>> from yolo_ckpt.measure import build_model
     >>> rows = measure_candidates(build_model("yolov8n.yaml"), imgsz=128, batch=2)
     >>> sum(r["pareto"] for r in rows) >= 2  # vanilla and the plan that keeps the least, at least

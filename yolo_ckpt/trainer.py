@@ -3,7 +3,7 @@
 Each task trainer is the Ultralytics one plus ``CheckpointMixin``: a handful of hook overrides and nothing else, so the
 training loop, losses, optimizer, EMA and checkpoint files are Ultralytics' own.
 
-Example:
+Examples:
     >>> from yolo_ckpt import YOLO
     >>> YOLO("yolo11n.yaml").train(data="data.yaml", imgsz=1280, checkpoint_stages=[2, 3])  # doctest: +SKIP
 
@@ -494,7 +494,7 @@ TRAINERS = {
 class YOLO(ultralytics.YOLO):
     """``ultralytics.YOLO`` whose ``train()`` uses the checkpointing trainer of the model's task.
 
-    Example:
+    Examples:
         >>> YOLO("yolo11n-seg.yaml").train(data="seg.yaml", checkpoint_stages=[1, 2])  # doctest: +SKIP
     """
 
@@ -515,7 +515,7 @@ class YOLO(ultralytics.YOLO):
 class RTDETR(ultralytics.RTDETR):
     """``ultralytics.RTDETR`` whose ``train()`` uses ``RTDETRTrainer`` (checkpointing).
 
-    Example:
+    Examples:
         >>> RTDETR("rtdetr-l.yaml").train(data="data.yaml", imgsz=640, checkpoint_stages="all")  # doctest: +SKIP
     """
 
