@@ -1,10 +1,13 @@
 """yolo-ckpt: activation checkpointing for Ultralytics YOLO training — the same training, with less memory.
 
-Example:
+Examples:
     >>> from yolo_ckpt import YOLO
     >>> YOLO("yolo11n.yaml").train(data="data.yaml", imgsz=1280, checkpoint_stages=[2, 3])  # doctest: +SKIP
 """
 
+from .versions import ULTRALYTICS_RANGE  # first: an Ultralytics outside the range stops here, in one line
+
+# isort: split
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .stages import CheckpointConfigError, CheckpointPlan, Region, backbone_stages, model_stages
 from .trainer import (
@@ -43,4 +46,5 @@ __all__ = (
     "disable_checkpointing",
     "checkpoint_plan",
     "checkpoint_mode",
+    "ULTRALYTICS_RANGE",
 )
