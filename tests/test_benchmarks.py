@@ -99,3 +99,17 @@ def test_the_recompute_floor_is_below_every_set_of_whole_ops():
     assert recompute_floor(calls, sum(m for m, _ in calls) + 1) is None
     exact = sorted(calls, key=lambda c: c[1] / c[0])[:3]  # the three cheapest per byte, whole
     assert abs(recompute_floor(calls, sum(m for m, _ in exact)) - sum(t for _, t in exact)) < 1e-9
+
+
+def test_tradeoff_picture_draws_every_standard_plan(tmp_path):
+    """README's picture at 64 px: a PNG, and a row per standard plan with vanilla's ratios 1."""
+    out = tmp_path / "tradeoff.png"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "tradeoff_picture.py"), "--imgsz", "64", "--repeats", "1",
+           "--out", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert out.read_bytes().startswith(b"\x89PNG")
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r[0][2:] for r in rows[1:]] == ["none", "[1]", "[2]", "[3]", "[4]", "[5]", "[2,3]", "all",
+                                            "all selective", "all + head", "all + head selective"]
+    assert rows[1][2:] == ["1.0", "1.0 |"]

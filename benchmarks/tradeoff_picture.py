@@ -1,0 +1,45 @@
+"""README's picture: peak memory against step time for the standard plans of one model, each measured side by side
+with vanilla in one run (``yolo_ckpt.profiler.compare_plans``: a real training step, exact live tensor bytes, median
+step time), drawn as ``yolo-ckpt profile`` draws its tradeoff.png.
+
+Usage:
+    python benchmarks/tradeoff_picture.py                     # yolo11n, 640 px, batch 4: docs/img/tradeoff.png
+    python benchmarks/tradeoff_picture.py --imgsz 64 --repeats 1 --out /tmp/tradeoff.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+from yolo_ckpt.measure import build_model
+from yolo_ckpt.profiler import compare_plans, standard_plans, write_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="yolo11n.yaml")
+    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "tradeoff.png")
+    a = p.parse_args()
+    model = build_model(a.model)
+    rows = compare_plans(model, a.imgsz, a.batch, standard_plans(model), repeats=a.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        png = write_profile(Path(tmp), [], rows)[3]
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, a.out)
+    print(f"{a.model}, imgsz {a.imgsz}, batch {a.batch}, CPU step time median of {a.repeats}:")
+    print("| plan | peak MiB | peak ratio | step time ratio |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['plan']} | {r['peak_MiB']} | {r['peak_ratio']} | {r['time_ratio']} |")
+    print(f"picture: {a.out}")
+
+
+if __name__ == "__main__":
+    main()
