@@ -7,6 +7,7 @@ from pathlib import Path
 from ultralytics.utils import YAML
 
 from yolo_ckpt.measure import with_plan
+from yolo_ckpt.stages import model_stages
 
 from support import measured_step
 
@@ -113,3 +114,30 @@ def test_tradeoff_picture_draws_every_standard_plan(tmp_path):
     assert [r[0][2:] for r in rows[1:]] == ["none", "[1]", "[2]", "[3]", "[4]", "[5]", "[2,3]", "all",
                                             "all selective", "all + head", "all + head selective"]
     assert rows[1][2:] == ["1.0", "1.0 |"]
+
+
+def test_stage_diagram_places_each_stage_at_its_stride(tmp_path):
+    """docs/plans.md's diagram: a PNG, every backbone layer at the stride of its stage (from the dry run's own hooks,
+    not from the stage analysis), the layers ``checkpoint_layers=head`` cuts marked in the neck and head only."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import stage_diagram
+
+    out = tmp_path / "stages.png"
+    rows = [[c.strip() for c in r.strip().strip("|").split("|")] for r in stage_diagram.draw("yolo11n.yaml", out)]
+    assert out.read_bytes().startswith(b"\x89PNG")
+    stages = model_stages("yolo11n.yaml")
+    assert {int(i): int(k) for i, _, _, k in rows if k not in ("", "head")} == {
+        i: k for k, ids in stages.items() for i in ids}
+    assert all(float(s) == 2 ** int(k) for _, _, s, k in rows if k not in ("", "head"))
+    assert [int(i) for i, *_, k in rows if k == "head"] == [13, 16, 17, 19, 20, 22, 23]  # C3k2, Conv, Detect
+
+
+def test_epoch_memory_plot_draws_a_line_per_plan(tmp_path):
+    """The per-epoch picture of docs/figures.md, from results.csv rows as the benchmark reads them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import epoch_memory
+
+    runs = {spec: [{"epoch": str(e), "mem/peak_tensor_GB": str(peak / e)} for e in (1, 2, 3)]
+            for spec, peak in (("[]", 0.9), ("all", 0.5))}
+    epoch_memory.plot(runs, "mem/peak_tensor_GB", "yolo11n", tmp_path / "epochs.png")
+    assert (tmp_path / "epochs.png").read_bytes().startswith(b"\x89PNG")
