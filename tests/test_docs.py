@@ -1,8 +1,11 @@
 """README.md and the documentation site: every relative link and anchor resolves, README stays a front page."""
 
 import re
+import sys
 import unicodedata
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -64,3 +67,153 @@ def test_readme_is_a_front_page_with_both_set_up_commands():
     assert re.search(r'^python -m pip install -e "\.\[test\]" && ', text, flags=re.M)
     nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
     assert sorted(nav) == sorted(p.name for p in PAGES[2:])  # every page is in the site's navigation
+
+
+# Every command in README's and the docs' shell blocks, and every output line they quote, with what the suite does
+# with it: "run" (an error line: the command that prints it, run here), "checked" (its settings checked as `train`
+# checks them before any work, not trained: why), "test" (a named test runs it, perhaps smaller), "ci" (.ci/run runs
+# it, the text says where) or "not run" (why). docs/testing.md lists the checked and not-run ones.
+COMMANDS = {
+    # set-up, README and getting-started
+    "python3 -m venv .venv && . .venv/bin/activate": ("ci", "python3 -m venv --clear .venv"),
+    "python -m pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu":
+        ("not run", "CI installs torch from its own package registry, without download.pytorch.org"),
+    "python -m pip install -e . && YOLO_OFFLINE=1 yolo-ckpt train checkpoint_stages=all": ("ci", "$main_job epochs=2"),
+    'python -m pip install -e ".[test]" && OMP_NUM_THREADS=1 YOLO_OFFLINE=1 python -m pytest -q -n 2 --dist worksteal':
+        ("ci", '"$tests"'),
+    "git clone <this repository> yolo-ckpt && cd yolo-ckpt": ("not run", "CI runs .ci/run in a fresh clone of main"),
+    "ruff check .": ("ci", "ruff check ."),
+    # the tour and choosing a plan
+    "yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=[2,3]":
+        ("checked", "COCO at 1280 px"),
+    "yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 checkpoint_stages=all checkpoint_layers=head":
+        ("checked", "COCO at 1280 px"),
+    "yolo-ckpt train data=dota.yaml model=yolo11n-obb.yaml imgsz=1024 checkpoint_stages=all checkpoint_mode=selective":
+        ("checked", "DOTA at 1024 px"),
+    "yolo-ckpt train cfg=cfg/aerial_1280.yaml data=my_tiles.yaml": ("checked", "the user's own tiles"),
+    "yolo-ckpt train resume model=runs/detect/train/weights/last.pt":
+        ("test", "tests/test_trainer.py::test_resume_continues_with_the_same_stages"),
+    "yolo-ckpt train model=yolo11n-obb.yaml data=dota.yaml imgsz=1024 checkpoint_stages=all":
+        ("checked", "DOTA at 1024 px"),
+    "yolo-ckpt train model=rtdetr-l.yaml data=coco.yaml checkpoint_stages=all checkpoint_layers=head":
+        ("checked", "COCO"),
+    "yolo-ckpt train": ("ci", "$main_job epochs=2"),  # the demo, as README's main job runs it with our keys
+    "python -m yolo_ckpt train ...": ("test", "tests/test_cli.py::test_unknown_key_gives_the_yolo_error"),
+    "yolo-ckpt help": ("test", "tests/test_cli.py::test_help_lists_our_keys_and_profile_then_ultralytics_help"),
+    "yolo-ckpt version": ("test", "tests/test_cli.py::test_version_prints_ours_and_ultralytics"),
+    # the error lines quoted, each with the command that prints it
+    "yolo-ckpt: error: checkpoint_stages=7: yolo11n.yaml has no stage 7. Valid: a list of distinct stage numbers "
+    "from {1, 2, 3, 4, 5}, a single stage, 'all', 'auto' (with memory_budget or CUDA), or [] for off.":
+        ("run", "train checkpoint_stages=7"),
+    "yolo-ckpt: error: task='panoptic' is not a task yolo-ckpt trains. Valid: detect, segment, semantic, depth, pose, "
+    "obb, classify.": ("run", "train task=panoptic"),
+    "yolo-ckpt: error: task=semantic: yolo11n.yaml is a detect model (its output layer trains detect). Valid: a "
+    "semantic model such as yolo26n-sem.yaml, or task=detect.": ("run", "train task=semantic model=yolo11n.yaml"),
+    # planning for a GPU
+    "yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=auto memory_budget=24GB":
+        ("checked", "COCO at 1280 px"),
+    "yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=-1 checkpoint_stages=all memory_budget=24GB":
+        ("checked", "COCO at 1280 px"),
+    "yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=-1 checkpoint_stages=auto":
+        ("not run", "auto without memory_budget plans for a CUDA device's free memory"),
+    "yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4 memory_budget=24GB":
+        ("test", "tests/test_profiler.py::test_profile_command_on_a_simulated_device"),
+    "yolo-ckpt train device=cpu simulate_gpu=925MB checkpoint_stages=auto imgsz=640 batch=4":
+        ("checked", "auto's planning and the demo's epochs at 640 px take minutes on CPU"),
+    # recipes
+    "yolo-ckpt train cfg=cfg/medical_2048.yaml":
+        ("test", "tests/test_medical.py::test_cli_trains_the_recipe_on_the_grayscale_variant"),
+    "yolo-ckpt train cfg=cfg/medical_2048.yaml data=my_scans.yaml": ("checked", "the user's own scans"),
+    "yolo-ckpt train cfg=cfg/medical_2048.yaml imgsz=128 epochs=1": ("checked", "a real epoch on CPU"),
+    "yolo-ckpt train cfg=cfg/medical_semantic_2048.yaml": ("checked", "2048 px, batch 8"),
+    "yolo-ckpt train cfg=cfg/aerial_semantic_1024.yaml": ("checked", "1024 px, batch 32"),
+    "yolo-ckpt train cfg=cfg/medical_semantic_2048.yaml data=my_masks.yaml": ("checked", "the user's own masks"),
+    # multi-node: tests/test_torchrun.py launches the same entry point with torchrun on one CPU node
+    "torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=$MASTER:29500 --rdzv-id=yolo1 -m "
+    "yolo_ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=64 checkpoint_stages=[2,3]":
+        ("not run", "two nodes of 8 GPUs; tests/test_torchrun.py launches torchrun on one CPU node"),
+    'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': ("not run", "SLURM"),
+    "export MASTER_PORT=29500": ("not run", "SLURM"),
+    'srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node=8 --rdzv-backend=c10d '
+    '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" -m yolo_ckpt train data=coco.yaml '
+    "model=yolo11s.yaml imgsz=1280 batch=64 checkpoint_stages=auto": ("not run", "SLURM, GPU nodes"),
+    'torchrun --nnodes="$NNODES" --node-rank="$NODE_RANK" --nproc-per-node=8 --master-addr="$MASTER_ADDR" '
+    '--master-port="$MASTER_PORT" -m yolo_ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=64 '
+    "checkpoint_stages=[2,3]": ("not run", "Kubernetes, GPU nodes"),
+}
+
+
+def documented_commands(path: Path) -> list[str]:
+    """The commands of ``path``'s shell blocks (continuations joined, trailing comments cut) and the ``yolo-ckpt:
+    error:`` lines its plain blocks quote; other output (log excerpts) and Python blocks are not commands."""
+    found = []
+    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", path.read_text(), flags=re.S | re.M):
+        if lang == "bash":
+            for line in re.sub(r"\\\n\s*", "", body).splitlines():
+                if (command := re.sub(r"\s+#\s.*$", "", line).strip()) and not command.startswith("#"):
+                    found.append(command)
+        elif not lang:
+            found += [line for line in body.splitlines() if line.startswith("yolo-ckpt: error: ")]
+    return found
+
+
+def test_every_documented_command_is_run_checked_or_listed_as_not_run(capsys):
+    from yolo_ckpt.cli import main, parse_train_args
+    from yolo_ckpt.families import DEFAULT_MODELS
+    from yolo_ckpt.trainer import check_settings
+
+    documented = {c for page in PAGES for c in documented_commands(page)}
+    assert not documented - COMMANDS.keys(), f"not classified in COMMANDS: {sorted(documented - COMMANDS.keys())}"
+    assert not COMMANDS.keys() - documented, f"no longer documented: {sorted(COMMANDS.keys() - documented)}"
+    ci, listed = (ROOT / ".ci" / "run").read_text(), (ROOT / "docs" / "testing.md").read_text()
+    for command, (kind, detail) in COMMANDS.items():
+        if kind == "run":  # the line the docs quote is the line the command prints, and it stops with exit 2
+            assert main(detail.split()) == 2, command
+            assert capsys.readouterr().err.strip() == command
+        elif kind == "checked":  # what `yolo-ckpt train` checks before it builds the model or writes a file
+            args = parse_train_args(command.split()[1:])
+            check_settings(args.get("model") or DEFAULT_MODELS[args.get("task") or "detect"], args)
+        elif kind == "test":
+            file, name = detail.split("::")
+            assert f"def {name}(" in (ROOT / file).read_text(), detail
+        elif kind == "ci":
+            assert detail in ci, f"{command}: .ci/run has no {detail!r}"
+        else:
+            assert kind == "not run", command
+        if kind in ("checked", "not run"):
+            assert f"`{command}`" in listed, f"docs/testing.md does not list {command!r} as not run"
+
+
+def test_the_command_reader_joins_continuations_and_cuts_comments(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nyolo-ckpt train a=1 \\\n  b=2   # why\n# a comment\n```\n\n```\nyolo-ckpt: error: x\n"
+                    "checkpoint: a log line\n```\n\n```python\nYOLO('a')\n```\n")
+    assert documented_commands(page) == ["yolo-ckpt train a=1 b=2", "yolo-ckpt: error: x"]
+
+
+def benchmark_commands() -> set[str]:
+    """Every ``python benchmarks/...`` command the pages show, in code spans (wrapped lines joined) or blocks."""
+    text = "\n".join(p.read_text() for p in PAGES)
+    return {" ".join(c.split()) for c in re.findall(r"`(python benchmarks/[^`]+)`|^(python benchmarks/.*)$", text,
+                                                      flags=re.M) for c in c if c}
+
+
+def test_every_documented_benchmark_command_names_a_script_and_flags_it_has(capsys, monkeypatch):
+    """The figures' commands (run at full size by hand, at small sizes by tests/test_benchmarks.py) do not drift: each
+    script exists, and each ``--flag`` shown is one its ``--help`` lists; a script without options is shown bare."""
+    import runpy
+
+    commands = benchmark_commands()
+    assert len(commands) >= 20  # the reader saw them
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for script in sorted({c.split()[1] for c in commands}):
+        source = (ROOT / script).read_text()
+        flags = {f.split("=")[0] for c in commands if c.split()[1] == script for f in c.split() if f.startswith("--")}
+        if "argparse" not in source:
+            assert not flags and all(c == f"python {script}" for c in commands if c.split()[1] == script), script
+            continue
+        monkeypatch.setattr(sys, "argv", [script, "--help"])
+        with pytest.raises(SystemExit) as stop:
+            runpy.run_path(str(ROOT / script), run_name="__main__")
+        shown = capsys.readouterr().out
+        assert stop.value.code == 0 and not (missing := {f for f in flags if f not in shown}), f"{script}: {missing}"
