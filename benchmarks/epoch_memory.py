@@ -9,6 +9,7 @@ measuring memory. Use ``--epochs 2`` or more: epoch 1 includes one-off warm-up.
 Usage:
     python benchmarks/epoch_memory.py --model yolo11n.yaml --imgsz 640 --batch 4 --epochs 1 --stages all "[2,3]"
     python benchmarks/epoch_memory.py --stages --third   # only whole_network.THIRD (regions inside layers, nested)
+    python benchmarks/epoch_memory.py --epochs 3 --plot docs/img/epoch_memory.png   # docs/figures.md's picture
 """
 
 import argparse
@@ -21,7 +22,29 @@ import ultralytics
 from whole_network import THIRD
 
 from yolo_ckpt import YOLO
+from yolo_ckpt.epoch_memory import epoch_ticks
 from yolo_ckpt.synthetic import synthetic_dataset
+
+
+def plot(runs: dict[str, list[dict]], mem: str, title: str, path: Path) -> None:
+    """One line per plan: its peak per epoch, as results.csv's ``mem`` column says."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), tight_layout=True)
+    top = max(float(r[mem]) for rows in runs.values() for r in rows)
+    for spec, rows in runs.items():
+        epochs = [int(r["epoch"]) for r in rows]
+        ax.plot(epochs, [float(r[mem]) for r in rows], marker="o", label="vanilla ([])" if spec == "[]" else spec)
+    epoch_ticks(ax, epochs)
+    ax.set(xlabel="epoch", ylabel=f"{mem} (GB = 2^30 B)", title=title, ylim=(0, 1.15 * top))
+    ax.legend(title="checkpoint_stages")
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -33,6 +56,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--stages", nargs="*", default=["all", "[2,3]"])
     p.add_argument("--third", action="store_true", help="also whole_network.THIRD, named 'third'")
+    p.add_argument("--plot", type=Path, help="draw each plan's peak per epoch into this PNG")
     a = p.parse_args()
     project = Path(tempfile.mkdtemp(prefix="epoch_memory_"))
     runs = {}
@@ -64,6 +88,9 @@ def main() -> None:
             same = all(row[k] == ref[k] for k in ref if "loss" in k)
             ratio = float(row[mem]) / float(base[mem])
             print(f"| {spec} | {row['epoch']} | {float(row[mem]):.3f} | {ratio:.3f} | {same} | {t / t_ref:.2f} |")
+    if a.plot:
+        plot(runs, mem, f"{Path(a.model).stem} {a.imgsz} px, batch {a.batch}: peak per epoch", a.plot)
+        print(f"picture: {a.plot}")
 
 
 if __name__ == "__main__":
