@@ -55,7 +55,7 @@ def as_user(args: list[str]) -> tuple[int, str]:
     return out.returncode, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("args", [["help"], ["train", "help"], ["train", "--help"], ["-h"], []])
+@pytest.mark.parametrize("args", [["help"], ["train", "--help"]])
 def test_help_lists_our_keys_and_profile_then_ultralytics_help(args):
     rc, text = as_user(args)
     assert rc == 0
@@ -67,6 +67,16 @@ def test_help_lists_our_keys_and_profile_then_ultralytics_help(args):
     assert "yolo-ckpt profile model=" in text and "Traceback" not in text
     theirs = run(YOLO_BIN, "help").stdout
     assert theirs.strip().splitlines()[-1] in text and text.index("profile") < text.index("yolo TASK MODE ARGS")
+
+
+@pytest.mark.parametrize("args, word", [(["train", "help"], "help"), (["train", "--help"], "help"), (["-h"], "help"),
+                                        ([], "help"), (["--version"], "version"), (["-v"], "version"),
+                                        (["train", "imgsz=64"], None), (["train", "name=help"], None)])
+def test_every_spelling_of_help_and_version_is_the_word(args, word):
+    """``main`` shows help for a bare ``help``/``-h``/``--help`` or nothing, as for ``help`` above (and `yolo`)."""
+    from yolo_ckpt.cli import _special
+
+    assert (_special(args) if args else "help") == word
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +97,10 @@ def test_help_examples_are_valid_settings(yolo11n):
         check_settings(yolo11n, {**parsed, **needs})  # raises for an invalid value
 
 
-@pytest.mark.parametrize("word", ["version", "--version", "-v"])
-def test_version_prints_ours_and_ultralytics(word):
+def test_version_prints_ours_and_ultralytics():
     import ultralytics
 
-    rc, text = as_user([word])
+    rc, text = as_user(["version"])
     project = importlib.metadata.version("yolo-ckpt")  # the installed distribution's, from pyproject.toml
     lines = text.splitlines()
     assert rc == 0 and lines[:2] == [f"yolo-ckpt {project}", f"ultralytics {ultralytics.__version__}"]
@@ -106,19 +115,32 @@ def test_other_modes_are_yolo():
 BAD = ["0", "-1", "6", "[2,2]", "2.5", "two", "{'a':1}", "[2,'x']", "True"]
 
 
+def in_process(args: list[str], capsys, monkeypatch, tmp_path) -> tuple[int, list[str]]:
+    """``yolo-ckpt *args`` through the console script's own ``main`` in this process (the script itself runs in a
+    process of its own for the first bad stage value, a bad budget, resume and a flat model): its exit code and the
+    lines it printed to stderr. Datasets go to ``tmp_path / "datasets"``, so that generating one would show as a new file."""
+    from yolo_ckpt.cli import main
+
+    monkeypatch.setenv("YOLO_CKPT_DATASETS", str(tmp_path / "datasets"))
+    rc = main(list(args))
+    return rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
 @pytest.mark.parametrize("value", BAD)
-def test_bad_stages_cli_one_line_before_any_work(value, tmp_path):
+def test_bad_stages_cli_one_line_before_any_work(value, tmp_path, capsys, monkeypatch):
     earlier = tmp_path / "runs" / "train"
     earlier.mkdir(parents=True)
     (earlier / "results.csv").write_text("epoch\n1\n")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    data_cache = tmp_path / "datasets"
-    out = run("yolo-ckpt", "train", f"checkpoint_stages={value}", f"project={tmp_path / 'runs'}", "name=train",
-              "exist_ok=True", env={"YOLO_CKPT_DATASETS": str(data_cache)})
-    assert out.returncode == 2
-    errors = [line for line in out.stderr.splitlines() if line.strip()]
+    args = ["train", f"checkpoint_stages={value}", f"project={tmp_path / 'runs'}", "name=train", "exist_ok=True"]
+    if value == BAD[0]:  # as a user runs it: the console script, in a process of its own
+        out = run("yolo-ckpt", *args, env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
+        rc, errors = out.returncode, [line for line in out.stderr.splitlines() if line.strip()]
+    else:
+        rc, errors = in_process(args, capsys, monkeypatch, tmp_path)
+    assert rc == 2
     assert len(errors) == 1 and errors[0].startswith("yolo-ckpt: error: checkpoint_stages=")
-    assert "{1, 2, 3, 4, 5}" in errors[0] and "Traceback" not in out.stderr
+    assert "{1, 2, 3, 4, 5}" in errors[0]
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no run dir, no dataset
     assert (earlier / "results.csv").read_text() == "epoch\n1\n"
 
@@ -193,12 +215,10 @@ def test_bad_mode_rejected_before_any_work(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["neck", "[[13,11]]", "[2]"])  # [2]: inside stage 2
-def test_bad_layers_cli_one_line_before_any_work(value, tmp_path):
-    out = run("yolo-ckpt", "train", "checkpoint_stages=[2]", f"checkpoint_layers={value}",
-              f"project={tmp_path / 'runs'}", env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    errors = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("yolo-ckpt: error: checkpoint_layers=")
+def test_bad_layers_cli_one_line_before_any_work(value, tmp_path, capsys, monkeypatch):
+    args = ["train", "checkpoint_stages=[2]", f"checkpoint_layers={value}", f"project={tmp_path / 'runs'}"]
+    rc, errors = in_process(args, capsys, monkeypatch, tmp_path)
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith("yolo-ckpt: error: checkpoint_layers=")
     assert errors[0].endswith("Valid: 'head' (every layer after the backbone that stores activations), layer indices "
                               "0-23, [first, last] ranges of them, parts of a layer ('2.cv1', '2.m.0-cv2', '2.*'; "
                               "':full'/':selective' after any string item), or [] for none.")
@@ -209,12 +229,11 @@ def test_bad_layers_cli_one_line_before_any_work(value, tmp_path):
     ("[4.m.1,23.*]", "'m.1' is not a part of layer 4. Valid parts of layer 4 (C3k2): cv1, m.0, cv2"),
     ("[4.m.0-cv2:selective]", "4.m.0-cv2:selective is a run of parts of layer 4's own forward, recomputed full only"),
 ])
-def test_bad_parts_cli_one_line_before_any_work(value, says, tmp_path):
+def test_bad_parts_cli_one_line_before_any_work(value, says, tmp_path, capsys, monkeypatch):
     """Parts as a user types them (an unquoted list), checked against the model before any work."""
-    out = run("yolo-ckpt", "train", "checkpoint_stages=[2]", f"checkpoint_layers={value}",
-              f"project={tmp_path / 'runs'}", env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})
-    errors = [line for line in out.stderr.splitlines() if line.strip()]
-    assert out.returncode == 2 and len(errors) == 1 and says in errors[0], out.stderr
+    args = ["train", "checkpoint_stages=[2]", f"checkpoint_layers={value}", f"project={tmp_path / 'runs'}"]
+    rc, errors = in_process(args, capsys, monkeypatch, tmp_path)
+    assert rc == 2 and len(errors) == 1 and says in errors[0], errors
     assert list(tmp_path.iterdir()) == []
 
 

@@ -78,7 +78,7 @@ COMMANDS = {
     "python3 -m venv .venv && . .venv/bin/activate": ("ci", "python3 -m venv --clear .venv"),
     "python -m pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu":
         ("not run", "CI installs torch from its own package registry, without download.pytorch.org"),
-    "python -m pip install -e . && YOLO_OFFLINE=1 yolo-ckpt train checkpoint_stages=all": ("ci", "$main_job epochs=2"),
+    "python -m pip install -e . && YOLO_OFFLINE=1 yolo-ckpt train checkpoint_stages=all": ("ci", "$main_job epochs=1"),
     'python -m pip install -e ".[test]" && OMP_NUM_THREADS=1 YOLO_OFFLINE=1 python -m pytest -q -n 2 --dist worksteal':
         ("ci", '"$tests"'),
     "git clone <this repository> yolo-ckpt && cd yolo-ckpt": ("not run", "CI runs .ci/run in a fresh clone of main"),
@@ -97,7 +97,7 @@ COMMANDS = {
         ("checked", "DOTA at 1024 px"),
     "yolo-ckpt train model=rtdetr-l.yaml data=coco.yaml checkpoint_stages=all checkpoint_layers=head":
         ("checked", "COCO"),
-    "yolo-ckpt train": ("ci", "$main_job epochs=2"),  # the demo, as README's main job runs it with our keys
+    "yolo-ckpt train": ("ci", "$main_job epochs=1"),  # the demo, as README's main job runs it with our keys
     "python -m yolo_ckpt train ...": ("test", "tests/test_cli.py::test_unknown_key_gives_the_yolo_error"),
     "yolo-ckpt help": ("test", "tests/test_cli.py::test_help_lists_our_keys_and_profile_then_ultralytics_help"),
     "yolo-ckpt version": ("test", "tests/test_cli.py::test_version_prints_ours_and_ultralytics"),
