@@ -118,7 +118,8 @@ BAD = ["0", "-1", "6", "[2,2]", "2.5", "two", "{'a':1}", "[2,'x']", "True"]
 def in_process(args: list[str], capsys, monkeypatch, tmp_path) -> tuple[int, list[str]]:
     """``yolo-ckpt *args`` through the console script's own ``main`` in this process (the script itself runs in a
     process of its own for the first bad stage value, a bad budget, resume and a flat model): its exit code and the
-    lines it printed to stderr. Datasets go to ``tmp_path / "datasets"``, so that generating one would show as a new file."""
+    lines it printed to stderr. Datasets go to ``tmp_path / "datasets"``, so that generating one would show as a new
+    file."""
     from yolo_ckpt.cli import main
 
     monkeypatch.setenv("YOLO_CKPT_DATASETS", str(tmp_path / "datasets"))
