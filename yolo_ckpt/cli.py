@@ -219,7 +219,8 @@ def model_class(model: object) -> type:
 
 
 def embedded_variant(data: object) -> bool:
-    """Whether a ``data=`` value names an embedded synthetic dataset (``synthetic_hr``, ``synthetic_medical``).
+    """Whether a ``data=`` value names an embedded synthetic dataset (``synthetic_hr``, ``synthetic_medical``,
+    ``synthetic_dense``).
 
     Like Ultralytics' ``data=coco8.yaml``, the name stands for a dataset yolo-ckpt generates for the model's task; a
     local file or directory of that name wins, so the names never hide user data.

@@ -8,6 +8,9 @@ generator:
 - ``synthetic_medical``: 2048x2048 grayscale (1-channel) scan-like images with a few smooth blob and ellipse findings
   (lesion, cyst, mass) on a smooth noisy background; detect, segment, obb, semantic and depth labels, ``channels: 1``
   in its data.yaml.
+- ``synthetic_dense``: the aerial scenes crowded, 250-350 objects of 8-24 px per 1024x1024 tile (8 train / 4 val):
+  the scenes where the loss, not the network, holds most of a training step's memory; detect, segment, obb and
+  semantic labels.
 
 Semantic labels come in both forms Ultralytics reads: raw-id PNG masks under ``semantic_masks/`` (``masks_dir``) with
 a Cityscapes-style ``label_mapping`` (data.yaml) and the same outlines as YOLO polygons under ``labels/``
@@ -52,7 +55,7 @@ TASKS = ("detect", "segment", "obb", "pose", "classify", "semantic", "depth")
 SCENE_TASKS = ("detect", "segment", "obb", "pose", "semantic", "depth")  # tasks that share the same scene images
 POLYGONS = "polygons.yaml"  # semantic/: the same labels as YOLO polygons, beside data.yaml (PNG masks)
 MASKS_DIR = "semantic_masks"  # not "masks": Ultralytics picks a masks/ folder beside images/ even without masks_dir
-VARIANTS = ("synthetic_hr", "synthetic_medical")  # recipe file stems in datasets/
+VARIANTS = ("synthetic_hr", "synthetic_medical", "synthetic_dense")  # recipe file stems in datasets/
 DEFAULT_VARIANT = "synthetic_hr"
 _SHIFT = 4  # cv2 fixed-point bits: polygons are drawn at 1/16 pixel precision
 _ELLIPSE_POINTS = 24  # polygon vertices used to draw and label an ellipse
