@@ -44,22 +44,24 @@ def root(tmp_path_factory) -> Path:
     return r
 
 
+def _every_task(tmp_path_factory, variant: str) -> Path:
+    """A fresh cache root with every task ``variant`` labels generated once."""
+    r = tmp_path_factory.mktemp(f"root_{variant}")
+    for task in recipe_tasks(recipe(variant)):
+        synthetic_dataset(task, r, variant=variant)
+    return r
+
+
 @pytest.fixture(scope="module")
 def medical_root(tmp_path_factory) -> Path:
-    """One cache root with every task of the grayscale medical variant generated once."""
-    r = tmp_path_factory.mktemp("root_medical")
-    for task in recipe_tasks(recipe(MEDICAL)):
-        synthetic_dataset(task, r, variant=MEDICAL)
-    return r
+    """The grayscale medical variant, every task."""
+    return _every_task(tmp_path_factory, MEDICAL)
 
 
 @pytest.fixture(scope="module")
 def crowded_root(tmp_path_factory) -> Path:
-    """One cache root with every task of the dense aerial variant generated once."""
-    r = tmp_path_factory.mktemp("root_dense")
-    for task in recipe_tasks(recipe(CROWDED)):
-        synthetic_dataset(task, r, variant=CROWDED)
-    return r
+    """The dense aerial variant, every task."""
+    return _every_task(tmp_path_factory, CROWDED)
 
 
 def _root(request, variant: str) -> Path:
