@@ -63,5 +63,6 @@ def front(model, a: argparse.Namespace) -> None:
             print(f"| {r['plan']} | {r['peak_ratio']} | {r['flops_ratio']} |")
     print(f"picture: {a.front}")
 
+
 if __name__ == "__main__":
     main()
