@@ -153,6 +153,29 @@ def test_bad_stages_python_before_dataset_and_run_dir(value, tmp_path):
     assert list(tmp_path.iterdir()) == []  # a dataset error would mean the stages were checked too late
 
 
+@pytest.mark.parametrize("args, valid", [
+    (["checkpoint_loss=bogus"], "Valid: 'none' (Ultralytics' loss), 'exact'"),
+    (["checkpoint_loss=exact"], "checkpoint_loss=exact: task=detect has no loss region"),  # the demo's detector
+    (["checkpoint_loss=chunked", "model=yolov8n-cls.yaml"], "checkpoint_loss=chunked: task=classify has no"),
+    (["checkpoint_loss=exact", "semantic"], "checkpoint_loss=exact: task=semantic has no"),
+    (["checkpoint_loss=chunked", "model=rtdetr-l.yaml"], "checkpoint_loss=chunked: RT-DETR has no"),
+])
+def test_bad_loss_plan_cli_one_line_before_any_work(args, valid, tmp_path, capsys, monkeypatch):
+    """A value ``checkpoint_loss`` does not know, or a task (model) whose loss it cannot recompute: one line naming
+    what is valid, exit 2, no run directory and no dataset."""
+    rc, errors = in_process(["train", *args, f"project={tmp_path / 'runs'}"], capsys, monkeypatch, tmp_path)
+    assert rc == 2 and len(errors) == 1, errors
+    assert errors[0].startswith("yolo-ckpt: error: checkpoint_loss=")
+    assert valid in errors[0] and "Valid: " in errors[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_loss_plan_python_before_dataset_and_run_dir(tmp_path):
+    with pytest.raises(CheckpointConfigError, match="checkpoint_loss=exact: task=classify"):
+        YOLO("yolov8n-cls.yaml").train(data=str(tmp_path / "missing"), project=str(tmp_path), checkpoint_loss="exact")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_budget_cli_before_any_work(tmp_path):
     out = run("yolo-ckpt", "train", "memory_budget=lots", f"project={tmp_path / 'runs'}",
               env={"YOLO_CKPT_DATASETS": str(tmp_path / "datasets")})

@@ -39,6 +39,8 @@ from ultralytics.cfg import (
 )
 from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
 
+from .loss import LOSS_HELP
+
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
 
 
@@ -53,6 +55,7 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
     "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep the outputs that are "
                         "costly to recompute per byte: convolutions, pooling; almost no recompute FLOPs, less "
                         "saving)", "checkpoint_mode=selective"),
+    "checkpoint_loss": (LOSS_HELP, "checkpoint_loss=chunked"),
     "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
     "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "
                       "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),

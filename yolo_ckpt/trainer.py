@@ -41,6 +41,7 @@ from .device import SimulatedDevice, parse_device
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .families import DEFAULT_MODELS, check_supported
+from .loss import check_loss_setting, disable_loss_checkpointing, enable_loss_checkpointing
 from .model import check_plan, checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from .offline import provide_fonts
 from .recompute import MODES
@@ -91,9 +92,15 @@ def check_settings(model: Any, args: dict) -> None:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
                                     f"'selective' (keep outputs costly to recompute, recompute the rest).")
     check_task(model, args.get("task"))
+    check_loss_setting(args.get("checkpoint_loss"), args.get("task") or yaml_task(model), model_name(model))
     if model is not None and not is_auto(args.get("checkpoint_stages")):
         plan = CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
         check_plan(plan, mode, args.get("compile"))
+
+
+def model_name(model: Any) -> str:
+    """The name a model argument goes by: its file name, or the class of a built model."""
+    return Path(model).name if isinstance(model, (str, Path)) else type(model).__name__
 
 
 def trains_on_cuda(device: Any) -> bool:
@@ -289,8 +296,9 @@ class CheckpointMixin(DistributedMixin):
         return super().get_dataset()
 
     def get_model(self, cfg=None, weights=None, verbose: bool = True):
-        """Build the Ultralytics model and install the checkpoint plan on it."""
+        """Build the Ultralytics model and install the checkpoint plan (and the loss's) on it."""
         model = super().get_model(cfg=cfg, weights=weights, verbose=verbose)
+        self.install_loss_plan(model)
         if is_auto(self.args.checkpoint_stages):
             LOGGER.info(f"{PREFIX} auto: the plan is chosen once the device, batch and frozen layers are known")
             return model
@@ -318,6 +326,17 @@ class CheckpointMixin(DistributedMixin):
                 types = ", ".join(type(model.model[i]).__name__ for i in region.layers)
                 LOGGER.info(f"{PREFIX} layers {list(region.layers)}: {types}{how}")
         return model
+
+    def install_loss_plan(self, model: nn.Module) -> None:
+        """Recompute the criterion as ``checkpoint_loss`` says (``yolo_ckpt.loss``), and say so."""
+        how = check_loss_setting(self.args.checkpoint_loss, self.args.task, model_name(model))
+        enable_loss_checkpointing(model, how)
+        if how == "exact":
+            LOGGER.info(f"{PREFIX} checkpoint_loss=exact: each image's mask loss recomputed in backward, bit for bit")
+        elif how == "chunked":
+            LOGGER.warning(f"{PREFIX} checkpoint_loss=chunked: this run is NOT bitwise vanilla Ultralytics (equal up "
+                           f"to float rounding): the mask loss in chunks of foreground rows, the assignment image by "
+                           f"image")
 
     def train(self):
         """Train like Ultralytics; however it ends, the model is plain again and no memory tracker stays active.
@@ -356,6 +375,7 @@ class CheckpointMixin(DistributedMixin):
                 for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
                     if isinstance(model, nn.Module):
                         disable_checkpointing(unwrap_model(model))
+                        disable_loss_checkpointing(unwrap_model(model))
                 close_epoch_memory(self)
         if error := reported_by_workers(self):
             remove_created_dir(self)
@@ -388,6 +408,7 @@ class CheckpointMixin(DistributedMixin):
         """
         ema = self.ema.ema
         disable_checkpointing(ema)
+        disable_loss_checkpointing(ema)  # its validation then builds Ultralytics' own criterion (no grad: the same)
         linked = getattr(ema, "args", None)  # the trainer's args object itself (detect tasks), or none (classify)
         ours = {**{k: getattr(self.args, k) for k in CKPT_CFG_DICT}, **launch_record(self)}  # + world size, resume
         base = {} if linked is None else linked if isinstance(linked, dict) else vars(linked)

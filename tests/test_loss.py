@@ -1,0 +1,208 @@
+"""checkpoint_loss: the criterion recomputed in backward, against Ultralytics' own loss on the same predictions."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from ultralytics.utils.loss import v8SegmentationLoss
+from ultralytics.utils.tal import TaskAlignedAssigner
+
+from yolo_ckpt import loss as ckpt_loss
+from yolo_ckpt.loss import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
+from yolo_ckpt.measure import build_model, training_batch
+from yolo_ckpt.memory import LiveTensorTracker
+
+from support import assert_plan_recomputed, assert_same, assert_same_run, train_run
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Calls of Ultralytics' ``single_mask_loss`` (one per image, or per chunk, forward and recompute) and of
+    ``TaskAlignedAssigner._forward`` (the batch it assigned each time)."""
+    calls = {"mask": 0, "assign": []}
+    mask_loss, assign = v8SegmentationLoss.single_mask_loss, TaskAlignedAssigner._forward
+
+    def single_mask_loss(*args):
+        if torch.is_grad_enabled():  # the forward and the recompute; validation is not counted
+            calls["mask"] += 1
+        return mask_loss(*args)
+
+    def _forward(self, pd_scores, *args, **kwargs):
+        calls["assign"].append(pd_scores.shape[0])
+        return assign(self, pd_scores, *args, **kwargs)
+
+    monkeypatch.setattr(v8SegmentationLoss, "single_mask_loss", staticmethod(single_mask_loss))
+    monkeypatch.setattr(TaskAlignedAssigner, "_forward", _forward)
+    return calls
+
+
+def step(model, batch, how: str = "none", amp=None) -> dict:
+    """One training step of a copy of ``model`` with ``checkpoint_loss=how``: loss, loss items, every gradient and the
+    exact peak of live tensor bytes."""
+    model = copy.deepcopy(model)
+    enable_loss_checkpointing(model, how)
+    with LiveTensorTracker() as tracker:
+        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+            loss, items = model.loss(batch)
+        loss.sum().backward()
+    disable_loss_checkpointing(model)
+    return {"loss": loss.detach(), "items": items, "peak": tracker.peak,
+            "grads": {n: p.grad for n, p in model.named_parameters()}}
+
+
+def instance_masks(batch: dict) -> dict:
+    """The batch with ``overlap_mask=False`` masks: one mask per object (Ultralytics' format without overlap)."""
+    idx = batch["batch_idx"].long()
+    within = torch.arange(len(idx)) - torch.searchsorted(idx, idx)
+    return {**batch, "masks": (batch["masks"][idx] == (within + 1).view(-1, 1, 1)).float()}
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("name", ["yolo11n-seg.yaml", "yolo26n-seg.yaml"])
+def test_exact_mask_loss_is_ultralytics_bit_for_bit_on_every_thread_count(name, threads, counted):
+    """YOLO shapes (320 px: 80 x 80 prototypes, 2100 anchors), 50 objects per image: loss, items and every gradient
+    equal to the bit, each image's mask loss run twice (forward and recompute), and less memory kept."""
+    torch.manual_seed(0)
+    model = build_model(name)
+    batch = training_batch(model, 320, 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        vanilla = step(model, batch)
+        images, counted["mask"] = counted["mask"], 0
+        exact = step(model, batch, "exact")
+    finally:
+        torch.set_num_threads(before)
+    assert images == (2 if name.startswith("yolo11") else 4)  # YOLO26: one-to-many and one-to-one, each per image
+    assert counted["mask"] == 2 * images
+    assert_same({k: exact[k] for k in ("loss", "items", "grads")},
+                {k: vanilla[k] for k in ("loss", "items", "grads")}, f"{name}, {threads} threads")
+    assert exact["peak"] < vanilla["peak"]
+
+
+@pytest.mark.parametrize("case", ["instance masks", "bf16 autocast"])
+def test_exact_mask_loss_without_overlap_and_under_amp(case, counted):
+    """``overlap_mask=False`` (a mask per object, picked by image inside the region) and CPU AMP (bfloat16)."""
+    torch.manual_seed(0)
+    overlap = case != "instance masks"
+    model = build_model("yolo11n-seg.yaml", {"overlap_mask": overlap})
+    batch = training_batch(model, 256, 2)
+    batch = batch if overlap else instance_masks(batch)
+    amp = torch.bfloat16 if case == "bf16 autocast" else None
+    vanilla, exact = step(model, batch, amp=amp), step(model, batch, "exact", amp=amp)
+    assert counted["mask"] == 2 + 4
+    assert_same({k: exact[k] for k in ("loss", "items", "grads")},
+                {k: vanilla[k] for k in ("loss", "items", "grads")}, case)
+
+
+@pytest.mark.parametrize("name", ["yolo11n-seg.yaml", "yolo26n-seg.yaml"])
+def test_chunked_is_equal_up_to_float_rounding(name, counted, monkeypatch):
+    """Chunks of 32 foreground rows (several per image) and the assignment image by image: the loss and every gradient
+    within float32 rounding of vanilla's, and less memory.
+
+    Bound: reordering a float32 sum of n terms moves it by up to about n * 2^-24 of the magnitudes summed, and
+    backward carries that absolute error on; a gradient that cancels to about zero (a BatchNorm bias inside attention)
+    shows it at its own scale. So the loss is held to 1e-5 relative and every gradient to 1e-4 of the model's largest
+    gradient magnitude (measured at this size: loss 1.4e-7, gradients 4.3e-6 (yolo11n-seg) and 6.9e-6 (yolo26n-seg))."""
+    torch.manual_seed(0)
+    model = build_model(name)
+    batch = training_batch(model, 256, 2)
+    vanilla = step(model, batch)
+    calls, counted["mask"], counted["assign"] = counted["mask"], 0, []
+    monkeypatch.setattr(ckpt_loss, "CHUNK_ROWS_PIXELS", 32 * 64 * 64)  # 64 x 64 prototypes at 256 px
+    chunked = step(model, batch, "chunked")
+    assert counted["assign"] == [1] * (2 if name.startswith("yolo11") else 4)  # YOLO26: one-to-many, one-to-one
+    assert counted["mask"] > 2 * calls  # several chunks per image, each run twice
+    torch.testing.assert_close(chunked["loss"], vanilla["loss"], rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.stack(list(chunked["items"].values())),
+                               torch.stack(list(vanilla["items"].values())), rtol=1e-5, atol=0)
+    grads = {k: g for k, g in vanilla["grads"].items() if g is not None}
+    assert all(chunked["grads"][k] is None for k in vanilla["grads"].keys() - grads.keys())
+    top = max(float(g.abs().max()) for g in grads.values())
+    for k, g in grads.items():
+        assert float((chunked["grads"][k] - g).abs().max()) <= 1e-4 * top, k
+    assert chunked["peak"] < vanilla["peak"]
+
+
+@pytest.mark.parametrize("name", ["yolo11n.yaml", "yolo26n-seg.yaml", "yolo11n-pose.yaml", "yolo11n-obb.yaml"])
+def test_chunked_assigns_as_ultralytics_out_of_memory_path(name, monkeypatch):
+    """The image-by-image assignment gives what Ultralytics' own retry after an out-of-memory error gives
+    (``TaskAlignedAssigner.forward``, forced here by an error on the batched attempt), to the bit."""
+    torch.manual_seed(0)
+    model = build_model(name)
+    batch = training_batch(model, 160, 3, objects=20)
+    batch["batch_idx"] = batch["batch_idx"][batch["batch_idx"] != 1]  # image 1 without objects, image 2 fewer
+    for key in ("cls", "bboxes", "keypoints"):
+        if key in batch:
+            batch[key] = batch[key][:len(batch["batch_idx"])]
+    seen = []
+    assign = TaskAlignedAssigner._forward
+
+    def record(self, *args, **kwargs):
+        out = assign(self, *args, **kwargs)
+        if self.bs > 1 and getattr(self, "fail", False):
+            raise torch.OutOfMemoryError("CUDA out of memory. (forced by the test)")
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(TaskAlignedAssigner, "_forward", record)
+    model.criterion = model.init_criterion()
+    parts = ckpt_loss._criteria(model.criterion)
+    for c in parts:
+        c.assigner.fail = True
+    with torch.no_grad():
+        model.loss(batch)  # Ultralytics' retry, one image at a time
+    theirs, seen[:] = list(seen), []
+    for c in parts:
+        c.assigner.fail = False
+    enable_loss_checkpointing(model, "chunked")
+    with torch.no_grad():
+        model.loss(batch)
+    assert len(seen) == len(theirs) == 3 * len(parts)
+    assert_same(seen, theirs, name)
+
+
+def test_loss_plan_is_installed_and_removed(counted):
+    """A built criterion is shadowed too (a resumed YOLO26 run builds it before training), and removing the plan
+    leaves nothing of ours on the model or the criterion."""
+    model = build_model("yolo26n-seg.yaml")
+    plain = set(vars(model))
+    model.criterion = model.init_criterion()
+    criterion = set(vars(model.criterion.one2one))
+    enable_loss_checkpointing(model, "exact")
+    assert loss_checkpointing(model) == "exact"
+    model.loss(training_batch(model, 128, 2))[0].sum().backward()
+    assert counted["mask"] == 2 * 4  # two images, two losses, forward and recompute
+    disable_loss_checkpointing(model)
+    assert loss_checkpointing(model) is None and set(vars(model)) == plain | {"criterion"}
+    assert set(vars(model.criterion.one2one)) == criterion
+    assert "_forward" not in vars(model.criterion.one2one.assigner)
+
+
+@pytest.mark.parametrize("how, name", [("exact", "yolo11n.yaml"), ("exact", "yolo11n-pose.yaml"),
+                                       ("chunked", "yolov8n-cls.yaml"), ("exact", "yolo26n-sem.yaml")])
+def test_a_criterion_without_regions_is_refused(how, name):
+    model = build_model(name)
+    enable_loss_checkpointing(model, how)
+    with pytest.raises(ckpt_loss.CheckpointConfigError, match=f"checkpoint_loss={how}: .* Valid: checkpoint_loss=none"):
+        model.loss(training_batch(model, 64, 1))
+
+
+def test_exact_trains_bit_for_bit_on_the_dense_set(tmp_path, counted):
+    """yolo11n-seg on the embedded dense aerial set (hundreds of polygons per tile), the whole backbone and the mask
+    loss recomputed: results, every saved field and the final model as vanilla's; the backbone's layers and each
+    image's mask loss of every step ran twice."""
+    from yolo_ckpt.synthetic import synthetic_dataset
+
+    data = str(synthetic_dataset("segment", variant="synthetic_dense"))
+    runs = []
+    for ours in (None, {"checkpoint_stages": "all", "checkpoint_loss": "exact"}):
+        before = counted["mask"]
+        run = train_run("yolo11n-seg.yaml", data, tmp_path, "ckpt" if ours else "vanilla", ours, epochs=1, imgsz=256)
+        runs.append((run, counted["mask"] - before))
+    (vanilla, v_calls), (ckpt, c_calls) = runs
+    assert v_calls > 0 and c_calls == 2 * v_calls
+    assert_plan_recomputed("yolo11n-seg.yaml", "all", vanilla, ckpt)
+    assert_same_run(vanilla, ckpt)

@@ -1,0 +1,233 @@
+"""Checkpoint the criterion: the loss of the training step, recomputed in backward where that is exact.
+
+Once the network is checkpointed, the loss holds most of a dense or high-resolution step's memory (instance masks:
+``n_fg x h x w`` tensors per image; assignment: ``batch x objects x anchors``), and no layer plan touches it.
+``checkpoint_loss`` names what is done to the criterion Ultralytics builds (``model.init_criterion``):
+
+- ``none``: nothing, Ultralytics' own loss.
+- ``exact``: bit for bit as vanilla, the same ops on the same shapes. Instance segmentation (``v8SegmentationLoss``
+  and YOLO26's ``SegmentLoss26``): each image's mask loss, its ground-truth masks built inside, is a region of its
+  own (``checkpoint_region``), so that only one image's ``n_fg x h x w`` tensors are alive in backward.
+- ``chunked``: bounded memory, equal up to float rounding, opt-in only:
+
+  - the mask loss of each image in chunks of at most ``CHUNK_ROWS_PIXELS // (h * w)`` foreground rows, each chunk a
+    region: the per-chunk sums and the prototype gradient add up in another order than one sum over all rows;
+  - assignment (every ``TaskAlignedAssigner``: detect, segment, pose, obb) one image at a time, the path Ultralytics
+    itself takes after an out-of-memory error (``TaskAlignedAssigner.forward``, 8.4.190), so that the
+    ``objects x anchors`` tensors are one image's. Not bitwise on CPU: the alignment metric's ``pow(beta)`` over the
+    candidate pairs runs vectorized in the body and scalar in the tail of a list, and per image the tail moves
+    (``tests/test_loss.py`` shows a difference).
+
+The criterion is shadowed on its *instance*, as ``yolo_ckpt.model`` shadows the layer loop: the model's
+``init_criterion`` (so also the criterion a resume or the EMA's validation builds) and any criterion already built.
+``disable_loss_checkpointing`` removes every shadow; Ultralytics' ``save_model`` drops the EMA's criterion from what
+it pickles, and ``CheckpointMixin.save_model`` removes the ``init_criterion`` shadow, so saved models stay plain.
+
+Private Ultralytics code reproduced here, checked against ultralytics 8.4.190 (``ultralytics/utils/loss.py``,
+``ultralytics/utils/tal.py``): the loop of ``v8SegmentationLoss.calculate_segmentation_loss`` and the per-image loop
+of ``TaskAlignedAssigner.forward``, which calls ``_forward``.
+
+Examples:
+    >>> from yolo_ckpt.measure import build_model, training_batch
+    >>> model = build_model("yolo11n-seg.yaml")
+    >>> enable_loss_checkpointing(model, "exact")
+    >>> loss, items = model.loss(training_batch(model, 128, 2))
+    >>> loss_checkpointing(model)
+    'exact'
+    >>> disable_loss_checkpointing(model)
+    >>> loss_checkpointing(model) is None
+    True
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from .recompute import checkpoint_region
+from .stages import CheckpointConfigError
+
+LOSS_MODES = ("none", "exact", "chunked")
+"""Values of ``checkpoint_loss``: ``none`` (Ultralytics' loss), ``exact`` (regions recomputed bit for bit),
+``chunked`` (bounded memory, not bitwise)."""
+LOSS_HELP = ("'none' (Ultralytics' loss), 'exact' (bit for bit: each image's mask loss recomputed in backward; "
+             "segment) or 'chunked' (not bitwise, equal up to float rounding: the mask loss in chunks of foreground "
+             "rows, the assignment image by image; detect, segment, pose, obb)")
+LOSS_TASKS = {"exact": ("segment",), "chunked": ("detect", "segment", "pose", "obb")}
+"""Tasks whose criterion each value changes: ``exact`` the instance-mask loss, ``chunked`` also every
+``TaskAlignedAssigner``. Classification, semantic segmentation, depth and RT-DETR (a Hungarian matcher) have no loss
+region yet."""
+CHUNK_ROWS_PIXELS = 2**22
+"""``chunked``: foreground rows times mask pixels per chunk of the mask loss (16 MiB per ``rows x h x w`` fp32
+tensor; 64 rows of 256 x 256 masks, the 1024 px default), so that its memory no longer grows with objects."""
+
+
+def check_loss_setting(value: Any, task: str | None, model_name: str = "") -> str:
+    """The ``checkpoint_loss`` word, or the one-line error naming what is valid.
+
+    Args:
+        value: The key's value (``None`` or empty means ``none``; words are case-insensitive).
+        task: The run's task, when known.
+        model_name: The model's name, to refuse RT-DETR (whose matcher is not a task-aligned assigner).
+
+    Raises:
+        CheckpointConfigError: For an unknown value, or ``exact`` on a task or model it cannot help.
+    """
+    word = "none" if value in (None, "", False) else str(value).strip().lower()
+    if word not in LOSS_MODES:
+        raise CheckpointConfigError(f"checkpoint_loss={value!r} is invalid. Valid: {LOSS_HELP}.")
+    if word != "none" and (task not in (*LOSS_TASKS[word], None) or "rtdetr" in model_name.lower()):
+        _refuse(word, "RT-DETR" if "rtdetr" in model_name.lower() else f"task={task}")
+    return word
+
+
+def _refuse(how: str, what: str) -> None:
+    valid = "; ".join(f"{k} with task {'/'.join(v)}" for k, v in LOSS_TASKS.items())
+    raise CheckpointConfigError(f"checkpoint_loss={how}: {what} has no loss region yolo-ckpt recomputes {how}. "
+                                f"Valid: checkpoint_loss=none; {valid}.")
+
+
+def _criteria(criterion: Any) -> list[Any]:
+    """The task-aligned losses inside a criterion: itself, or the one-to-many and one-to-one losses of YOLO26's
+    ``E2ELoss``."""
+    from ultralytics.utils.loss import v8DetectionLoss
+
+    parts = [getattr(criterion, name, None) for name in ("one2many", "one2one")] if hasattr(criterion, "one2one") \
+        else [criterion]
+    return [c for c in parts if isinstance(c, v8DetectionLoss)]
+
+
+def _image_mask_loss(criterion: Any, masks: torch.Tensor, batch_idx: torch.Tensor, i: int, mask_idx: torch.Tensor,
+                     pred: torch.Tensor, proto: torch.Tensor, xyxy: torch.Tensor, area: torch.Tensor) -> torch.Tensor:
+    """One image's mask loss with its ground-truth masks built inside, as ``calculate_segmentation_loss`` does."""
+    if criterion.overlap:
+        gt_mask = (masks[i] == (mask_idx + 1).view(-1, 1, 1)).float()
+    else:
+        gt_mask = masks[batch_idx.view(-1) == i][mask_idx]
+    return criterion.single_mask_loss(gt_mask, pred, proto, xyxy, area)
+
+
+def _segmentation_loss(criterion: Any, how: str, fg_mask: torch.Tensor, masks: torch.Tensor,
+                       target_gt_idx: torch.Tensor,
+                       target_bboxes: torch.Tensor, batch_idx: torch.Tensor, proto: torch.Tensor,
+                       pred_masks: torch.Tensor, imgsz: torch.Tensor) -> torch.Tensor:
+    """``v8SegmentationLoss.calculate_segmentation_loss`` (8.4.190) with each image's mask loss one region
+    (``exact``), or one region per chunk of its foreground rows (``chunked``)."""
+    if not torch.is_grad_enabled():  # validation: nothing is kept for backward
+        return type(criterion).calculate_segmentation_loss(criterion, fg_mask, masks, target_gt_idx, target_bboxes,
+                                                           batch_idx, proto, pred_masks, imgsz)
+    from ultralytics.utils.ops import xyxy2xywh
+
+    _, _, mask_h, mask_w = proto.shape
+    loss = 0
+    target_bboxes_normalized = target_bboxes / imgsz[[1, 0, 1, 0]]
+    marea = xyxy2xywh(target_bboxes_normalized)[..., 2:].prod(2)
+    mxyxy = target_bboxes_normalized * torch.tensor([mask_w, mask_h, mask_w, mask_h], device=proto.device)
+    for i, single_i in enumerate(zip(fg_mask, target_gt_idx, pred_masks, proto, mxyxy, marea)):
+        fg_mask_i, target_gt_idx_i, pred_masks_i, proto_i, mxyxy_i, marea_i = single_i
+        if fg_mask_i.any():
+            region = partial(_image_mask_loss, criterion, masks, batch_idx, i)
+            rows = (target_gt_idx_i[fg_mask_i], pred_masks_i[fg_mask_i], mxyxy_i[fg_mask_i], marea_i[fg_mask_i])
+            step = len(rows[0]) if how == "exact" else max(1, CHUNK_ROWS_PIXELS // (mask_h * mask_w))
+            for k in range(0, len(rows[0]), step):
+                idx, pred, xyxy, area = (r[k:k + step] for r in rows)
+                loss += checkpoint_region(region, idx, pred, proto_i, xyxy, area, modules=())
+        else:  # as Ultralytics: keeps every prediction in the graph for DDP
+            loss += (proto * 0).sum() + (pred_masks * 0).sum()
+    return loss / fg_mask.sum()
+
+
+def _assign_per_image(assigner: nn.Module, pd_scores: torch.Tensor, pd_bboxes: torch.Tensor,
+                      anc_points: torch.Tensor, gt_labels: torch.Tensor, gt_bboxes: torch.Tensor,
+                      mask_gt: torch.Tensor, **extra: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``TaskAlignedAssigner._forward`` as its ``forward`` runs it after an out-of-memory error (8.4.190): one image
+    at a time, each with its objects up to its last valid one, the results written into batch-sized outputs.
+
+    Shadowing ``_forward`` (not ``forward``) keeps what ``forward`` does first, on every assigner: no objects at all,
+    the pose assigner's per-anchor strides."""
+    cls, bs, n_max_boxes = type(assigner), assigner.bs, assigner.n_max_boxes
+    if bs == 1:
+        return cls._forward(assigner, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
+    last_gt_idx = (mask_gt.squeeze(-1).bool().mul(torch.arange(1, n_max_boxes + 1, device=mask_gt.device))
+                   .amax(1).clamp_(min=1).tolist())
+    results = None
+    try:
+        assigner.bs = 1
+        for i, n in enumerate(last_gt_idx):
+            assigner.n_max_boxes = n
+            result = cls._forward(assigner, pd_scores[i:i + 1], pd_bboxes[i:i + 1], anc_points, gt_labels[i:i + 1, :n],
+                                  gt_bboxes[i:i + 1, :n], mask_gt[i:i + 1, :n],
+                                  **{k: v[i:i + 1] for k, v in extra.items()})
+            if results is None:
+                results = tuple(x.new_empty((bs, *x.shape[1:])) for x in result)
+            for output, x in zip(results, result):
+                output[i] = x[0]
+            del result
+    finally:
+        assigner.bs, assigner.n_max_boxes = bs, n_max_boxes
+    return results
+
+
+def _shadow_criterion(criterion: Any, how: str) -> Any:
+    """Shadow the methods ``how`` recomputes on ``criterion``'s instance (and its inner losses'); returns it."""
+    from ultralytics.utils.loss import v8SegmentationLoss
+
+    parts = [c for c in _criteria(criterion) if how == "chunked" or isinstance(c, v8SegmentationLoss)]
+    if not parts:
+        _refuse(how, type(criterion).__name__)
+    for c in parts:
+        if how == "chunked":
+            c.assigner._forward = partial(_assign_per_image, c.assigner)
+        if isinstance(c, v8SegmentationLoss):
+            c.calculate_segmentation_loss = partial(_segmentation_loss, c, how)
+    criterion.checkpoint_loss = how
+    return criterion
+
+
+def _init_criterion(model: nn.Module, how: str) -> Any:
+    """``model.init_criterion()`` of its class, shadowed by ``how``."""
+    return _shadow_criterion(type(model).init_criterion(model), how)
+
+
+def enable_loss_checkpointing(model: nn.Module, how: str) -> None:
+    """Make ``model``'s criterion (built now or later) recompute as ``how`` says; ``none`` leaves it Ultralytics'.
+
+    Args:
+        model: An Ultralytics task model.
+        how: One of ``LOSS_MODES``.
+
+    Raises:
+        CheckpointConfigError: When the model's criterion has nothing ``how`` recomputes (raised when it is built:
+            Ultralytics' criterion reads ``model.args``, which the trainer sets after ``get_model``;
+            ``check_loss_setting`` refuses such a task before any work).
+    """
+    if how not in LOSS_MODES:
+        raise ValueError(f"checkpoint_loss {how!r} is not one of {LOSS_MODES}")
+    disable_loss_checkpointing(model)
+    if how == "none":
+        return
+    model.init_criterion = partial(_init_criterion, model, how)
+    if (criterion := model.__dict__.get("criterion")) is not None:  # built already (a resumed YOLO26 run's)
+        _shadow_criterion(criterion, how)
+
+
+def disable_loss_checkpointing(model: nn.Module) -> None:
+    """Ultralytics' own criterion again: the ``init_criterion`` shadow and every method shadow of a built criterion
+    removed (no-op on a plain model)."""
+    model.__dict__.pop("init_criterion", None)
+    criterion = model.__dict__.get("criterion")
+    if criterion is None:
+        return
+    for c in _criteria(criterion):
+        c.assigner.__dict__.pop("_forward", None)
+        c.__dict__.pop("calculate_segmentation_loss", None)
+    criterion.__dict__.pop("checkpoint_loss", None)
+
+
+def loss_checkpointing(model: nn.Module) -> str | None:
+    """How ``model``'s criterion is recomputed (``"exact"``), or ``None`` when it is Ultralytics' own."""
+    fn = model.__dict__.get("init_criterion")
+    return fn.args[1] if isinstance(fn, partial) and fn.func is _init_criterion else None
