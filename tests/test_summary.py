@@ -38,3 +38,21 @@ def test_compare_under_ddp_measures_the_batch_of_one_rank(monkeypatch, tmp_path)
     plain.args = get_cfg()
     peak = measure_peak(plain, training_batch(plain, 64, 2)).peak
     assert vanilla["peak_MiB"] == round(peak / 2**20, 1) and ours["peak_MiB"] < vanilla["peak_MiB"]
+
+
+def test_compare_counts_the_loss_plan(tmp_path):
+    """A run that recomputes only its loss (``checkpoint_loss=exact``) is compared too: vanilla's step is the plain
+    model's and ours the model with the loss plan, each against an independent ``measure_peak``."""
+    from yolo_ckpt.loss import enable_loss_checkpointing
+    from yolo_ckpt.measure import build_model
+
+    model = build_model("yolo11n-seg.yaml")
+    plain = deepcopy(model)
+    enable_loss_checkpointing(model, "exact")
+    trainer = SimpleNamespace(model=model, batch_size=2, world_size=1, csv=tmp_path / "results.csv", amp=False,
+                              args=SimpleNamespace(checkpoint_compare=True, imgsz=128, amp=False))
+    vanilla, ours = summary.compare_with_vanilla(trainer)
+    data = training_batch(plain, 128, 2)
+    assert vanilla["peak_MiB"] == round(measure_peak(plain, data).peak / 2**20, 1)
+    assert ours["plan"] == "loss exact" and ours["peak_MiB"] == round(measure_peak(model, data).peak / 2**20, 1)
+    assert ours["peak_MiB"] < vanilla["peak_MiB"]

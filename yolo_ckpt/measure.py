@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from .device import LimitReached, MemoryLimit, unless_oom
+from .loss import disable_loss_checkpointing, enable_loss_checkpointing
 from .memory import LiveTensorTracker
 from .model import disable_checkpointing, enable_checkpointing
 from .stages import CheckpointPlan
@@ -259,18 +260,24 @@ def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dt
     return [statistics.median(ts) if ts else 0.0 for ts in times]
 
 
-def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None) -> nn.Module:
+def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None,
+              loss: str | None = None) -> nn.Module:
     """A copy of ``model`` with ``checkpoint_stages=spec``, ``checkpoint_mode=mode`` and ``checkpoint_layers=layers``
-    installed (the caller disables it when done: the installed plan refers back to its model; see ``planned_copy``).
+    installed, and ``checkpoint_loss=loss`` (``None``: the loss plan ``model`` has). The caller disables it when done:
+    the installed plan refers back to its model; see ``planned_copy``.
     """
     m = copy.deepcopy(model)
     enable_checkpointing(m, CheckpointPlan.from_spec(m, spec, layers), mode)
+    if loss is not None:
+        enable_loss_checkpointing(m, loss)
     return m
 
 
 @contextmanager
-def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: Any = None) -> Iterator[nn.Module]:
-    """A copy of ``model`` with a plan installed (``spec=None``: the plan ``model`` has), for the block only:
+def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: Any = None,
+                 loss: str | None = None) -> Iterator[nn.Module]:
+    """A copy of ``model`` with a plan installed (``spec=None``: the plan ``model`` has; ``loss=None``: its loss plan),
+    for the block only:
     afterwards the plan is removed, so the copy is freed at once rather than when the collector finds the cycle, and
     planning keeps one copy at a time.
 
@@ -278,12 +285,13 @@ def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: A
         >>> with planned_copy(build_model("yolo11n.yaml"), [2, 3], "selective") as m:
         ...     step = measure_peak(m, training_batch(m, 128, 1))
     """
-    m = with_plan(model, list(spec) if isinstance(spec, tuple) else spec, mode, layers) if spec is not None \
+    m = with_plan(model, list(spec) if isinstance(spec, tuple) else spec, mode, layers, loss) if spec is not None \
         else copy.deepcopy(model)  # as installed: a deep copy carries the plan, bound to the copy
     try:
         yield m
     finally:
         disable_checkpointing(m)
+        disable_loss_checkpointing(m)
         del m
 
 

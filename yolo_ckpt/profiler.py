@@ -36,8 +36,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
                   progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
     """Measure each plan's training step, one copy at a time; ratios are to the first plan (vanilla).
 
-    A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode[, checkpoint_layers])``
-    tuple.
+    A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode[, checkpoint_layers[,
+    checkpoint_loss]])`` tuple (no ``checkpoint_loss``: the loss plan ``model`` has).
 
     Memory and FLOPs are exact per plan, each step within what the device has free (``fitting.fitting_step``); step
     times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``); ``amp`` is the forward's autocast
@@ -63,7 +63,7 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
         rows.append({
             "plan": name,
             "stages": CheckpointPlan.from_spec(model, plans[name][0]).stages,
-            "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:]).layer_spec(),
+            "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:3]).layer_spec(),
             "mode": plans[name][1],
             "fits": fit is not None,
             "peak_MiB": mib(peak),

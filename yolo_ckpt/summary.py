@@ -21,8 +21,10 @@ import torch
 from ultralytics.utils import LOGGER, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
+from .loss import disable_loss_checkpointing, loss_checkpointing
 from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing
 from .profiler import compare_plans
+from .stages import CheckpointPlan
 
 PREFIX = colorstr("checkpoint:")
 
@@ -55,21 +57,23 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
     if not getattr(trainer.args, "checkpoint_compare", False):
         return None
     model = unwrap_model(trainer.model)
-    plan, mode = checkpoint_plan(model), checkpoint_mode(model)
-    if plan is None or not plan.regions:
+    plan, mode, loss = checkpoint_plan(model) or CheckpointPlan(), checkpoint_mode(model), loss_checkpointing(model)
+    if not plan.regions and loss is None:
         LOGGER.info(f"{PREFIX} compare: nothing was recomputed in this run")
         return None
     # per process, as each trains: Ultralytics' ``batch_size`` is the global batch, split across DDP's ranks
     batch = max(int(trainer.batch_size) // max(getattr(trainer, "world_size", 1), 1), 1)
-    imgsz, name = int(trainer.args.imgsz), plan.describe(mode)
+    imgsz = int(trainer.args.imgsz)
+    name = " + ".join([*([plan.describe(mode)] if plan.regions else []), *([f"loss {loss}"] if loss else [])])
     layers = plan.layer_spec() or None
     copy = deepcopy(model).train()  # the plans are measured on copies of a plain, train-mode copy
     disable_checkpointing(copy)
+    disable_loss_checkpointing(copy)
     LOGGER.info(f"{PREFIX} compare: one training step of the final model with and without checkpointing, "
                 f"imgsz={imgsz} batch={batch}, side by side...")
     try:  # each step within what the device has free: a step that does not fit is a row with fits=False
-        rows = compare_plans(copy, imgsz, batch, {"vanilla": [], name: (plan.stages, mode, layers)},
-                             amp=autocast_dtype(trainer))
+        ours = (plan.stages, mode or "full", layers, loss or "none")
+        rows = compare_plans(copy, imgsz, batch, {"vanilla": [], name: ours}, amp=autocast_dtype(trainer))
     finally:
         del copy
     if over := [r["plan"] for r in rows if not r["fits"]]:

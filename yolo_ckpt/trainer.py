@@ -306,7 +306,7 @@ class CheckpointMixin(DistributedMixin):
         mode = self.args.checkpoint_mode or "full"
         enable_checkpointing(model, plan, mode)
         if not plan.regions:
-            LOGGER.info(f"{PREFIX} off, all activations stored")
+            LOGGER.info(f"{PREFIX} no layer plan, all the network's activations stored")
         stages = model_stages(model) if plan.stages else {}
         whole = [r for r in plan.regions if not r.parts]
         for region in plan.regions:
