@@ -194,10 +194,11 @@ def interrupted_run(data: str, project: Path, **kw) -> tuple[YOLO, Path]:
 
 def test_resume_continues_with_the_same_stages(detect_data, tmp_path):
     parts = ["4.*", "23.cv2.0:selective"]  # regions inside layers too, one nested in stage 3
-    _, last = interrupted_run(detect_data, tmp_path, checkpoint_layers=parts)
+    _, last = interrupted_run(detect_data, tmp_path, checkpoint_layers=parts, checkpoint_loss="chunked")
     ckpt = torch_load(last)
     assert not set(CKPT_CFG_DICT) & set(ckpt["train_args"])  # what plain Ultralytics validates on resume
     assert saved_settings(ckpt)["checkpoint_stages"] == [2, 3] and saved_settings(ckpt)["checkpoint_layers"] == parts
+    assert saved_settings(ckpt)["checkpoint_loss"] == "chunked"
     out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "train", "resume", f"model={last}"],
                          capture_output=True, text=True, timeout=600)
     log = out.stdout + out.stderr
@@ -206,6 +207,7 @@ def test_resume_continues_with_the_same_stages(detect_data, tmp_path):
     for part in ("cv1", "m.0", "cv2"):  # each its own region, inside the one region of stages 2 and 3
         assert f"layer 4 (C3k2) part {part}, nested in the region of layers [1, 2, 3, 4]" in log
     assert "layer 23 (Detect) part cv2.0, selective" in log
+    assert "checkpoint_loss=chunked: this run is NOT bitwise vanilla Ultralytics" in log  # the loss plan came back
     assert "epoch 2 peak" in log and "GB live tensor bytes (exact, CPU)" in log  # the per-epoch memory line
     assert len(results(tmp_path / "run")) == TRAIN_ARGS["epochs"]
 
