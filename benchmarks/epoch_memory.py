@@ -10,6 +10,8 @@ Usage:
     python benchmarks/epoch_memory.py --model yolo11n.yaml --imgsz 640 --batch 4 --epochs 1 --stages all "[2,3]"
     python benchmarks/epoch_memory.py --stages --third   # only whole_network.THIRD (regions inside layers, nested)
     python benchmarks/epoch_memory.py --epochs 3 --plot docs/img/epoch_memory.png   # docs/figures.md's picture
+    python benchmarks/epoch_memory.py --model yolo11n-seg.yaml --data synthetic_dense --imgsz 1024 --batch 2 \
+        --stages all --layers head --loss none exact chunked   # the whole network, and with the loss recomputed
 """
 
 import argparse
@@ -57,24 +59,34 @@ def main() -> None:
     p.add_argument("--stages", nargs="*", default=["all", "[2,3]"])
     p.add_argument("--third", action="store_true", help="also whole_network.THIRD, named 'third'")
     p.add_argument("--plot", type=Path, help="draw each plan's peak per epoch into this PNG")
+    p.add_argument("--data", default="synthetic_hr", help="the embedded variant (synthetic_hr, synthetic_dense, ...)")
+    p.add_argument("--loss", nargs="+", default=["none"], help="checkpoint_loss values to run each plan with")
+    p.add_argument("--layers", help="checkpoint_layers of each plan (head: with --stages all, the whole network)")
     a = p.parse_args()
     project = Path(tempfile.mkdtemp(prefix="epoch_memory_"))
     runs = {}
-    args = dict(data=str(synthetic_dataset("detect")), epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=a.device,
-                workers=0, plots=False, val=False, project=str(project), verbose=False)
-    for spec in ["ultralytics", "[]", *a.stages, *(["third"] if a.third else [])]:
-        if spec == "ultralytics":
-            ultralytics.YOLO(a.model).train(name=spec, **args)
-        elif spec == "third":
+    data = str(synthetic_dataset(YOLO(a.model).task, variant=a.data))
+    args = dict(data=data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=a.device, workers=0, plots=False,
+                val=False, project=str(project), verbose=False)
+    plans = [(s, loss) for s in [*a.stages, *(["third"] if a.third else [])] for loss in a.loss]
+    for stages, loss in [("ultralytics", "none"), ("[]", "none"), *plans]:
+        spec = (stages if not a.layers or stages in ("ultralytics", "[]") else f"{stages} + {a.layers}") + \
+            ("" if loss == "none" else f" + loss {loss}")
+        name = spec.replace(" ", "")
+        if stages == "ultralytics":
+            ultralytics.YOLO(a.model).train(name=name, **args)
+        elif stages == "third":
             stages, mode, layers = THIRD
-            YOLO(a.model).train(name=spec, checkpoint_stages=stages, checkpoint_mode=mode, checkpoint_layers=layers,
-                                **args)
+            YOLO(a.model).train(name=name, checkpoint_stages=stages, checkpoint_mode=mode, checkpoint_layers=layers,
+                                checkpoint_loss=loss, **args)
         else:
-            YOLO(a.model).train(name=spec, checkpoint_stages=spec if spec == "all" else ast.literal_eval(spec), **args)
-        with open(project / spec / "results.csv") as f:
+            layers = None if stages == "[]" else a.layers
+            YOLO(a.model).train(name=name, checkpoint_stages=stages if stages == "all" else ast.literal_eval(stages),
+                                checkpoint_layers=layers, checkpoint_loss=loss, **args)
+        with open(project / name / "results.csv") as f:
             runs[spec] = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
     mem = next(k for k in runs["[]"][0] if k.startswith("mem/"))
-    print(f"\n{a.model} imgsz={a.imgsz} batch={a.batch} device={a.device}: per-epoch {mem}")
+    print(f"\n{a.model} on {a.data}, imgsz={a.imgsz} batch={a.batch} device={a.device}: per-epoch {mem}")
     print("| stages | epoch | peak GB | ratio to [] | losses identical to Ultralytics | epoch time / Ultralytics |")
     print("|---|---|---|---|---|---|")
     plain = runs.pop("ultralytics")
