@@ -335,8 +335,8 @@ class CheckpointMixin(DistributedMixin):
             LOGGER.info(f"{PREFIX} checkpoint_loss=exact: each image's mask loss recomputed in backward, bit for bit")
         elif how == "chunked":
             LOGGER.warning(f"{PREFIX} checkpoint_loss=chunked: this run is NOT bitwise vanilla Ultralytics (equal up "
-                           f"to float rounding): the mask loss in chunks of foreground rows, the assignment image by "
-                           f"image")
+                           f"to float rounding): the loss in chunks (mask rows, pixel blocks, the assignment image by "
+                           f"image), each recomputed in backward")
 
     def train(self):
         """Train like Ultralytics; however it ends, the model is plain again and no memory tracker stays active.
