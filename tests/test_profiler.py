@@ -1,5 +1,6 @@
 """Profiler figures against independent measurements: tensor sizes, FlopCounterMode on the stage alone."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -189,6 +190,30 @@ def test_profile_infers_the_task_from_the_model_as_train_does(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     saved = json.loads((tmp_path / "p" / "profile.json").read_text())
     assert [r["plan"] for r in saved["plans"]] == list(standard_plans(build_model(str(cfg))))
+
+
+def test_profile_measures_the_loss_plan(tmp_path, monkeypatch):
+    """``checkpoint_loss=exact``: the loss plan alone and with the whole network are rows of their own, each the step
+    an independent copy with that plan measures; every other row keeps Ultralytics' loss."""
+    from yolo_ckpt.measure import measure_peak, training_batch, with_plan
+
+    cfg = tmp_path / "mini-seg.yaml"
+    cfg.write_text(yaml.safe_dump({**MINI, "head": [*MINI["head"][:-1], [[2, 3], 1, "Segment", ["nc", 8, 16]]]},
+                                  sort_keys=False))
+    from yolo_ckpt import measure
+    from yolo_ckpt.cli import profile
+
+    model = build_model(str(cfg))  # profiled in this process, so that the figures below are of the same weights
+    monkeypatch.setattr(measure, "build_model", lambda name: copy.deepcopy(model))
+    profile([f"model={cfg}", "imgsz=96", "batch=2", "checkpoint_loss=exact", "checkpoint_stages=[1]",
+             f"project={tmp_path}", "name=p"])
+    rows = {r["plan"]: r for r in json.loads((tmp_path / "p" / "profile.json").read_text())["plans"]}
+    assert list(rows) == [*standard_plans(model), "yours", "loss exact", "all + head, loss exact"]
+    data = training_batch(model, 96, 2)
+    for name, spec in {"none": ([], "full", None, "none"), "loss exact": ([], "full", None, "exact"),
+                       "yours": ([1], "full", None, "exact")}.items():
+        assert rows[name]["peak_MiB"] == round(measure_peak(with_plan(model, *spec), data).peak / 2**20, 1), name
+    assert rows["loss exact"]["peak_MiB"] < rows["none"]["peak_MiB"]
 
 
 def test_profile_command_on_a_simulated_device(tmp_path, mini):

@@ -353,8 +353,12 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any) -> tuple[list[di
 
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     plans = standard_plans(model)
+    loss = word(cfg.checkpoint_loss) or "none"
     if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
-        plans["yours"] = (cfg.checkpoint_stages or [], word(cfg.checkpoint_mode) or "full", cfg.checkpoint_layers)
+        plans["yours"] = (cfg.checkpoint_stages or [], word(cfg.checkpoint_mode) or "full", cfg.checkpoint_layers, loss)
+    if loss != "none":  # the loss plan alone and with the whole network (every other row: Ultralytics' loss)
+        plans[f"loss {loss}"] = ([], "full", None, loss)
+        plans[f"all + head, loss {loss}"] = ("all", "full", "head", loss)
     stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
     plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
