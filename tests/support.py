@@ -29,6 +29,7 @@ from yolo_ckpt import (
     CheckpointPlan,
     DetectionTrainer,
     RTDETRTrainer,
+    SegmentationTrainer,
     disable_checkpointing,
     enable_checkpointing,
 )
@@ -383,6 +384,14 @@ class CkptOOMOnce(OOMOnce, DetectionTrainer):
 
 class CkptOOMTwice(OOMTwice, DetectionTrainer):
     """Our detection trainer hitting two OOMs in a row."""
+
+
+class CkptSegOOMOnce(OOMOnce, SegmentationTrainer):
+    """Our segmentation trainer hitting one OOM."""
+
+
+class CkptSegOOMTwice(OOMTwice, SegmentationTrainer):
+    """Our segmentation trainer hitting two OOMs in a row."""
 
 
 class GlooDDP:

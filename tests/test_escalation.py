@@ -204,3 +204,31 @@ def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_pa
     _, plain = run(detect_data, tmp_path, "plain", checkpoint_stages=[])
     assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], plain, fresh,
                            chosen["checkpoint_layers"] or None)  # layers by their forwards, parts by convolutions
+
+
+def test_the_least_keeping_plan_escalates_the_loss_before_the_batch_halves(tmp_path):
+    """Instance segmentation with the layer plan that keeps the least: the first out-of-memory error escalates to
+    ``checkpoint_loss=exact`` at the same batch (bit for bit, so the run is a fresh run with it from the start); a
+    second one, with nothing left to escalate, halves the batch."""
+    from yolo_ckpt.synthetic import synthetic_dataset
+
+    from support import CkptSegOOMOnce, CkptSegOOMTwice
+
+    data = str(synthetic_dataset("segment"))
+    least = deepest(build_model("yolo11n-seg.yaml"))
+    runs = {}
+    for name, trainer, ours in (("once", CkptSegOOMOnce, {}), ("twice", CkptSegOOMTwice, {}),
+                                ("fresh", None, {"checkpoint_loss": "exact"})):
+        model = YOLO("yolo11n-seg.yaml")
+        add_counting(model)
+        with escalations_logged() as lines:
+            model.train(**({"trainer": trainer} if trainer else {}), data=data, project=str(tmp_path), name=name,
+                        **least, **ours, **ARGS)
+        runs[name] = (model.trainer, Path(model.trainer.save_dir), lines)
+    once, esc, lines = runs["once"]
+    assert once.oom_raised and once.batch_size == ARGS["batch"] and len(lines) == 1, lines
+    assert "escalated to checkpoint_loss=exact" in lines[0]
+    assert yaml.safe_load((esc / "args.yaml").read_text())["checkpoint_loss"] == "exact"  # resume restores it
+    assert_same_run(runs["fresh"][1], esc)
+    twice, _, lines = runs["twice"]
+    assert twice.batch_size == ARGS["batch"] // 2 and len(lines) == 1, lines

@@ -39,6 +39,7 @@ from ultralytics.utils.torch_utils import unwrap_model
 from .autobatch import parse_memory, plan_batch, probe_room
 from .device import DeviceMemory, cuda_peak, device_memory, release, unless_oom
 from .escalation import Snapshot, keeps_least, next_plan
+from .loss import LOSS_TASKS, enable_loss_checkpointing, loss_checkpointing
 from .measure import batch_bytes, grad_bytes, loop_bytes, planned_copy, state_bytes, validation_probe, weight_bytes
 from .model import checkpoint_mode, checkpoint_plan, enable_checkpointing
 from .planner import Costs, deepest, describe, least_keeping, unit_costs
@@ -119,6 +120,15 @@ def record_settings(trainer: Any) -> None:
     """args.yaml holds the plan that trains, as last.pt does: resume restores it."""
     if RANK in {-1, 0}:
         YAML.save(trainer.save_dir / "args.yaml", vars(trainer.args))
+
+
+def loss_escalation(trainer: Any) -> str | None:
+    """The loss plan an out-of-memory error may escalate to once the layer plan keeps the least: ``exact`` where the
+    run's loss is Ultralytics' own and its task has exact regions (instance segmentation: bit for bit, so the run stays
+    vanilla's), else ``None``. ``chunked`` is never chosen by itself: it is not bitwise."""
+    if loss_checkpointing(unwrap_model(trainer.model)) is None and trainer.args.task in LOSS_TASKS["exact"]:
+        return "exact"
+    return None
 
 
 def planning_imgsz(trainer: Any) -> int:
@@ -484,8 +494,8 @@ def hold_batch(trainer: Any) -> None:
     state, model = trainer.planning, unwrap_model(trainer.model)
     held = state.pipeline_batch
     checkpoints = checkpoint_plan(model) is not None or state.costs is not None  # auto may have chosen vanilla
-    if held is not None and trainer.batch_size < held and RANK == -1 and checkpoints \
-            and not keeps_least(settings_of(trainer), state.least, state.stages):
+    if held is not None and trainer.batch_size < held and RANK == -1 and checkpoints and (
+            not keeps_least(settings_of(trainer), state.least, state.stages) or loss_escalation(trainer)):
         trainer.args.batch = trainer.batch_size = held
         state.escalate = True
     if held is None:  # set-up, memory free: a dry run may allocate now, not in the retry
@@ -522,10 +532,20 @@ def escalation_point(trainer: Any) -> None:
 
 
 def escalate_plan(trainer: Any) -> None:
-    """Install the next plan after an out-of-memory error at this batch, record it, and say so in one line."""
+    """Install the next plan after an out-of-memory error at this batch, record it, and say so in one line: a layer
+    plan that keeps less, or, once the layer plan keeps the least, the loss recomputed (``loss_escalation``)."""
     state, model = trainer.planning, unwrap_model(trainer.model)
     old = settings_of(trainer)
     release(trainer.device)  # the failed step's tensors, held by the traceback until now
+    if keeps_least(old, state.least, state.stages) and (loss := loss_escalation(trainer)):
+        enable_loss_checkpointing(model, loss)
+        trainer.args.checkpoint_loss = loss
+        record_settings(trainer)
+        now = (checkpoint_plan(model) or CheckpointPlan()).describe(old["checkpoint_mode"] or "full")
+        LOGGER.warning(f"{PREFIX} out of memory at batch {trainer.batch_size} with {now}, the plan that keeps the "
+                       f"least: escalated to checkpoint_loss={loss} (each image's mask loss recomputed, bit for bit) "
+                       f"at the same batch instead of halving it")
+        return
     imgsz = planning_imgsz(trainer)
     amp = autocast_dtype(trainer)
     def plan() -> tuple[dict, int | None]:

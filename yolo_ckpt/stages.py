@@ -612,7 +612,10 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
     from .recompute import restored_buffers
 
     x = _zero_image(layers, cfg)
-    stored: set[int] = set()  # storages any op keeps for backward
+    # storages any op keeps for backward, by address, each held until the end: a storage freed during the dry run
+    # would give its address to a later tensor, which would then read as kept (an allocator's reuse, seen as a plan
+    # that kept the least on one run and not on the next)
+    stored: dict[int, torch.UntypedStorage] = {}
     packed: list[bool] = []  # per layer: does it keep anything?
     outputs: list[Any] = []
     grads = [p.requires_grad for p in layers.parameters()]  # as in training, whatever was loaded or frozen
@@ -624,7 +627,8 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
                 before = len(stored)
 
                 def pack(t: torch.Tensor) -> None:
-                    stored.add(t.untyped_storage().data_ptr())
+                    st = t.untyped_storage()
+                    stored[st.data_ptr()] = st
                     # nothing is kept: no backward follows, and a tensor returned here would be held by its own
                     # grad_fn (an output saved by its op, SiLU's), a cycle through C++ the collector cannot free
 
