@@ -390,6 +390,10 @@ class CkptSegOOMOnce(OOMOnce, SegmentationTrainer):
     """Our segmentation trainer hitting one OOM."""
 
 
+class VanillaSegOOMOnce(OOMOnce, yolo.segment.SegmentationTrainer):
+    """Ultralytics' segmentation trainer hitting one OOM."""
+
+
 class CkptSegOOMTwice(OOMTwice, SegmentationTrainer):
     """Our segmentation trainer hitting two OOMs in a row."""
 

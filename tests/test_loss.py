@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+import ultralytics
 from ultralytics.utils.loss import v8SegmentationLoss
 from ultralytics.utils.tal import TaskAlignedAssigner
 
@@ -14,7 +15,7 @@ from yolo_ckpt.loss import disable_loss_checkpointing, enable_loss_checkpointing
 from yolo_ckpt.measure import build_model, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
 
-from support import assert_plan_recomputed, assert_same, assert_same_run, train_run
+from support import TRAIN_ARGS, assert_plan_recomputed, assert_same, assert_same_run, train_run
 
 
 @pytest.fixture
@@ -243,4 +244,30 @@ def test_exact_trains_bit_for_bit_on_the_dense_set(tmp_path, counted):
     (vanilla, v_calls), (ckpt, c_calls) = runs
     assert v_calls > 0 and c_calls == 2 * v_calls
     assert_plan_recomputed("yolo11n-seg.yaml", "all", vanilla, ckpt)
+    assert_same_run(vanilla, ckpt)
+
+
+def test_exact_through_ultralytics_out_of_memory_retry(tmp_path, counted):
+    """A run recomputing only its loss has no layer plan to escalate: Ultralytics' retry halves the batch, rebuilds
+    the loaders and restarts the epoch, and the run is vanilla's under the same retry, bit for bit, each image's mask
+    loss still run twice."""
+    from yolo_ckpt import YOLO
+    from yolo_ckpt.synthetic import synthetic_dataset
+
+    from support import CkptSegOOMOnce, VanillaSegOOMOnce, add_counting
+
+    data = str(synthetic_dataset("segment"))
+    runs = []
+    for name, trainer, model, ours in (("vanilla", VanillaSegOOMOnce, ultralytics.YOLO, {}),
+                                       ("ckpt", CkptSegOOMOnce, YOLO, {"checkpoint_loss": "exact"})):
+        before = counted["mask"]
+        m = model("yolo11n-seg.yaml")
+        add_counting(m)
+        # nbs=2: an optimizer step at every batch of 2, the batch the retry halves to
+        m.train(trainer=trainer, data=data, project=str(tmp_path), name=name,
+                **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "nbs": 2, "save_period": 1}, **ours)
+        assert m.trainer.batch_size == TRAIN_ARGS["batch"] // 2  # halved by Ultralytics' retry
+        runs.append((m.trainer.save_dir, counted["mask"] - before))
+    (vanilla, v_calls), (ckpt, c_calls) = runs
+    assert v_calls > 0 and c_calls == 2 * v_calls
     assert_same_run(vanilla, ckpt)
