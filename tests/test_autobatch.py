@@ -77,6 +77,33 @@ def test_trainer_autobatch_plans_for_the_budget(detect_data, tmp_path):
     assert 0 < float(row["mem/peak_tensor_GB"]) * 2**30 <= 0.5 * parse_memory("400MB")
 
 
+def test_budget_planning_measures_the_loss_plan(tmp_path, monkeypatch):
+    """``checkpoint_loss=exact`` with ``memory_budget`` AutoBatch: the probe steps run the loss plan (each image's
+    mask loss a region), the log names it, and the real epoch at the chosen batch stays within the share."""
+    from yolo_ckpt import SegmentationTrainer
+    from yolo_ckpt import loss as ckpt_loss
+    from yolo_ckpt.synthetic import synthetic_dataset
+
+    calls = []
+    real = ckpt_loss._image_mask_loss
+    monkeypatch.setattr(ckpt_loss, "_image_mask_loss", lambda *a: calls.append(1) or real(*a))
+
+    class Planning(SegmentationTrainer):
+        def auto_batch(self):
+            batch = super().auto_batch()
+            self.planning_calls = len(calls)
+            return batch
+
+    model = YOLO("yolo11n-seg.yaml")
+    model.train(trainer=Planning, data=str(synthetic_dataset("segment", variant="synthetic_dense")),
+                project=str(tmp_path), checkpoint_stages="all", checkpoint_loss="exact", memory_budget="700MB",
+                **{**TRAIN_ARGS, "epochs": 1, "imgsz": 192, "batch": 0.5, "val": False})
+    trainer = model.trainer
+    assert trainer.planning_calls > 0 and 1 < trainer.batch_size < 16  # planned with the loss plan
+    row = results(Path(trainer.save_dir))[0]
+    assert 0 < float(row["mem/peak_tensor_GB"]) * 2**30 <= 0.5 * parse_memory("700MB")
+
+
 class BF16Planning(SpyTrainer):
     """AutoBatch as a CUDA run with ``amp=bf16`` plans; Ultralytics' trainer refuses bf16 autocast on CPU, so the
     run's AMP state is set only for AutoBatch, and torch's CPU autocast stands in for CUDA's."""

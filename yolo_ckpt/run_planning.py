@@ -218,13 +218,15 @@ def auto_batch(trainer: Any) -> int:
     model = trainer.model
     plain = unwrap_model(model)
     stages = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
+    if loss := loss_checkpointing(plain):  # measured with the plan: the copies carry it
+        stages += f" + checkpoint_loss={loss}"
     if trainer.args.memory_budget is not None or simulated:
         with random_state_kept(trainer.device):
             return plan_for_budget(trainer, plain, stages, max_num_obj, dataset_size)
     try:
         trainer.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
         batch = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
-        with planned_copy(plain) as trainer.model:
+        with planned_copy(plain, loss="none") as trainer.model:  # without: no layer plan, Ultralytics' loss
             with random_state_kept(trainer.device):  # Ultralytics' own AutoBatch draws once, as in vanilla
                 trainer.autobatch_without = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
     finally:
@@ -253,7 +255,7 @@ def plan_for_budget(trainer: Any, model: nn.Module, stages: str, max_num_obj: in
     except ValueError as e:
         raise CheckpointConfigError(f"{e} with {stages}; raise memory_budget or lower imgsz") from None
     try:
-        with planned_copy(model) as plain:
+        with planned_copy(model, loss="none") as plain:  # without: no layer plan, Ultralytics' loss
             without = str(plan_batch(plain, **kw).batch)
     except ValueError:
         without = "none fits"
