@@ -609,13 +609,17 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
     the plain layers on a zero image, every parameter trainable, with ``saved_tensors_hooks`` recording what each layer
     stores (buffers, modes and ``requires_grad`` restored; frozen layers are ``CheckpointPlan.without_frozen``'s job).
     """
+    from torch.multiprocessing.reductions import StorageWeakRef  # torch's own weak storage reference (2.14)
+
     from .recompute import restored_buffers
 
     x = _zero_image(layers, cfg)
-    # storages any op keeps for backward, by address, each held until the end: a storage freed during the dry run
-    # would give its address to a later tensor, which would then read as kept (an allocator's reuse, seen as a plan
-    # that kept the least on one run and not on the next)
-    stored: dict[int, torch.UntypedStorage] = {}
+    # storages any op keeps for backward, by address, each with a weak reference: a storage freed during the dry run
+    # gives its address to a later tensor, which must not then read as kept (an allocator's reuse, seen as a plan that
+    # kept the least on one run and not on the next); holding the storages instead would make the dry run hold a
+    # training step's activations, past what a small device has (tests/test_profiler.py)
+    stored: dict[int, StorageWeakRef] = {}
+    packs = [0]  # ops' saved tensors so far (an address may be seen again)
     packed: list[bool] = []  # per layer: does it keep anything?
     outputs: list[Any] = []
     grads = [p.requires_grad for p in layers.parameters()]  # as in training, whatever was loaded or frozen
@@ -624,17 +628,17 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
         with _modes_kept(layers, train=True), restored_buffers(layers), torch.enable_grad():
             for m in layers:
                 x = _layer_input(m, x, outputs)
-                before = len(stored)
+                before = packs[0]
 
                 def pack(t: torch.Tensor) -> None:
-                    st = t.untyped_storage()
-                    stored[st.data_ptr()] = st
+                    packs[0] += 1
+                    stored[t.untyped_storage().data_ptr()] = StorageWeakRef(t.untyped_storage())
                     # nothing is kept: no backward follows, and a tensor returned here would be held by its own
                     # grad_fn (an output saved by its op, SiLU's), a cycle through C++ the collector cannot free
 
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
                     x = m(x)
-                packed.append(len(stored) > before)
+                packed.append(packs[0] > before)
                 outputs.append(x)
     finally:
         for p, g in zip(layers.parameters(), grads):
@@ -642,7 +646,8 @@ def head_layers(layers: nn.Sequential, cfg: dict | None, first: int) -> list[int
 
     def kept(j: int) -> bool:
         out = outputs[j]
-        return isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() in stored
+        ref = stored.get(out.untyped_storage().data_ptr()) if isinstance(out, torch.Tensor) else None
+        return ref is not None and not ref.expired()  # the outputs are alive: an expired storage was another
 
     return [m.i for m in list(layers)[first:] if packed[m.i] and all(kept(j) for j in layer_inputs(m))]
 
