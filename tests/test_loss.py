@@ -271,3 +271,40 @@ def test_exact_through_ultralytics_out_of_memory_retry(tmp_path, counted):
     (vanilla, v_calls), (ckpt, c_calls) = runs
     assert v_calls > 0 and c_calls == 2 * v_calls
     assert_same_run(vanilla, ckpt)
+
+
+def test_auto_may_choose_no_loss_plan_where_chunked_was_allowed(tmp_path, counted):
+    """``checkpoint_loss=chunked`` with ``auto`` allows the loss plan without imposing it: where vanilla fits the
+    budget, ``auto`` chooses nothing recomputed, the loss Ultralytics' own: args.yaml and best.pt say
+    ``checkpoint_loss=none``, each image's mask loss ran once per training step (planning's probes before the first
+    epoch not counted) and the assignment took the whole batch, as vanilla's, and the run is vanilla's bit for bit."""
+    import yaml
+    from ultralytics.utils.patches import torch_load
+
+    from yolo_ckpt import YOLO
+    from yolo_ckpt.synthetic import synthetic_dataset
+    from yolo_ckpt.trainer import saved_settings
+
+    from support import add_counting
+
+    data = str(synthetic_dataset("segment"))
+    runs, seen = [], {}
+
+    def training_starts(trainer):  # the counts once planning is done
+        seen.update(mask=counted["mask"], assign=len(counted["assign"]))
+
+    for name, model, ours in (("vanilla", ultralytics.YOLO, {}), ("ckpt", YOLO, {
+            "checkpoint_stages": "auto", "checkpoint_loss": "chunked", "memory_budget": "64GB"})):
+        m = model("yolo11n-seg.yaml")
+        add_counting(m)
+        m.add_callback("on_train_epoch_start", training_starts)
+        # save_period: epoch1.pt keeps the optimizer state (last.pt is stripped)
+        args = {**TRAIN_ARGS, "epochs": 1, "imgsz": 64, "save_period": 1, **ours}
+        m.train(data=data, project=str(tmp_path), name=name, **args)
+        runs.append((m.trainer.save_dir, counted["mask"] - seen["mask"], counted["assign"][seen["assign"]:]))
+    (vanilla, v_calls, v_assign), (ckpt, c_calls, c_assign) = runs
+    assert v_calls > 0 and c_calls == v_calls and c_assign == v_assign and max(v_assign) > 1
+    chosen = yaml.safe_load((ckpt / "args.yaml").read_text())
+    assert chosen["checkpoint_loss"] == "none" and chosen["checkpoint_stages"] == []
+    assert saved_settings(torch_load(ckpt / "weights" / "best.pt"))["checkpoint_loss"] == "none"
+    assert_same_run(vanilla, ckpt)

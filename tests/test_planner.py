@@ -30,6 +30,7 @@ from yolo_ckpt.planner import (
     candidates,
     choose_plan,
     choose_plan_and_batch,
+    least_keeping,
     space_size,
     split_mode,
     unit_costs,
@@ -149,6 +150,43 @@ def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive):
     chosen = next(line for line in lines if "<- chosen" in line).split()
     assert float(chosen[-6]) == round(tight.candidate.seconds, 3) and float(chosen[-5]) > 0  # predicted, measured
     assert f"measured {tight.measured_seconds:.3f} s" in lines[-1]
+
+
+def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():
+    """Instance segmentation with many objects (yolo11n-seg, 300 per image at 160 px): with the exact loss plan as a
+    unit, the plan predicted to keep the least keeps less than the layer plan that keeps the least (both measured here
+    by a fresh tracker); at a target between them ``auto`` chooses a plan with ``checkpoint_loss=exact``, whose step,
+    measured again here, is what it measured and fits. Every candidate says its loss plan; the loss plans alone are
+    candidates too."""
+    from yolo_ckpt.loss import disable_loss_checkpointing
+    from yolo_ckpt.measure import batch_bytes, build_model, state_bytes
+
+    from support import measured_step
+
+    model, imgsz, objects, batch = build_model("yolo11n-seg.yaml"), 160, 300, 2
+    costs = unit_costs(model, imgsz, objects, loss_modes=("exact",))
+    assert set(costs.loss) == {"exact"} and costs.loss["exact"].kept < costs.plain.kept  # it keeps less
+    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
+    every = candidates(costs, batch, fixed)
+    assert all(c.settings["checkpoint_loss"] in ("none", "exact") for c in every)
+    assert any(not c.units and c.loss == "exact" for c in every)  # the loss plan alone
+    layer, least = least_keeping(costs, batch, fixed), min(every, key=lambda c: c.predicted_bytes)
+    assert layer.loss is None and least.loss == "exact"
+
+    def measured(c: Candidate) -> int:
+        m = with_plan(model, *c.spec[:3], loss=c.loss or "none")
+        got = measured_step(m, imgsz, batch, objects)
+        disable_checkpointing(m)
+        disable_loss_checkpointing(m)
+        return got
+
+    layer_bytes, least_bytes = measured(layer), measured(least)
+    assert least_bytes < layer_bytes
+    target = (least_bytes + layer_bytes) // 2
+    choice = choose_plan(model, imgsz, batch, target, objects, costs=costs, loss_modes=("exact",))
+    assert choice.candidate.loss == "exact" and choice.candidate.settings["checkpoint_loss"] == "exact"
+    assert choice.measured_bytes == measured(choice.candidate) <= target
+    assert any(", loss exact" in row for row in choice.table())  # shown in the log's table
 
 
 def test_nothing_fits_says_what_would(small, exhaustive):

@@ -94,6 +94,21 @@ def check_loss_setting(value: Any, task: str | None, model_name: str = "") -> st
     return word
 
 
+def auto_loss_modes(setting: str, task: str | None) -> tuple[str, ...]:
+    """The loss plans ``checkpoint_stages=auto`` may choose beside its layer plan, or ``()`` where every planning copy
+    runs the run's own: ``exact`` (bit for bit, so always allowed) where the task has exact regions, and ``chunked``
+    only where the user wrote it (it is not bitwise: never chosen unasked).
+
+    Examples:
+        >>> auto_loss_modes("none", "segment"), auto_loss_modes("chunked", "segment"), auto_loss_modes("none", "detect")
+        (('exact',), ('exact', 'chunked'), ())
+    """
+    if setting == "exact":  # the user's: every copy carries it
+        return ()
+    allowed = ("exact", "chunked") if setting == "chunked" else ("exact",)
+    return tuple(m for m in allowed if task in LOSS_TASKS[m])
+
+
 def _refuse(how: str, what: str) -> None:
     valid = "; ".join(f"{k} with task {'/'.join(v)}" for k, v in LOSS_TASKS.items())
     raise CheckpointConfigError(f"checkpoint_loss={how}: {what} has no loss region yolo-ckpt recomputes {how}. "

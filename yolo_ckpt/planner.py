@@ -23,6 +23,11 @@ least predicted step time first: those predicted to fit until one is measured to
 imgsz, on a copy), then those predicted just over but faster, so the choice always rests on a measurement and the
 training model never runs; the choice's step is then timed at the run's batch.
 
+The loss is a unit too where the run allows it (``loss.auto_loss_modes``): ``checkpoint_loss=exact`` (each image's
+mask loss a region, bit for bit) for instance segmentation, and ``chunked`` where the user wrote it. Its step alone is
+measured as the units' are, and a plan is its units with the loss plan or without it; a plan that keeps the loss
+plan recomputes the criterion after every unit (its backward runs first, while every unit still holds what it keeps).
+
 With AutoBatch (``batch=-1`` or a fraction) the plan measured to keep the least (among those predicted to) sets the
 largest batch (``plan_batch``), and the fastest plan that fits at that batch is chosen.
 
@@ -58,6 +63,7 @@ from torch import nn
 
 from .autobatch import BatchPlan, ProbeRoom, plan_batch, probe_room
 from .device import MemoryLimit, unless_oom
+from .loss import enable_loss_checkpointing
 from .measure import (
     FlopCount,
     batch_bytes,
@@ -75,6 +81,7 @@ from .model import enable_checkpointing
 from .recompute import MODES
 from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages, parts_known
 
+LOSS = "loss"  # the loss plan as a unit (``Costs.loss``): after the head, its backward first
 HEAD = "head"  # the unit of the model's last layer (Detect, Segment, Classify, RTDETRDecoder, ...)
 NECK = "neck"  # the unit of the layers between backbone and head layer that store activations (where there are any)
 MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
@@ -141,6 +148,8 @@ class Candidate:
         seconds (float): Predicted step time at the run's batch (``Costs.predict_seconds``).
         layout (tuple | None): ``Layout`` of every unit of the model (``Costs.layout``): where the settings of a plan
             with per-unit modes cut its regions.
+        loss (str | None): Its ``checkpoint_loss`` where planning weighs the loss (``Costs.loss``; ``"none"``:
+            Ultralytics' loss), ``None`` where the loss plan is the run's, carried by every copy.
     """
 
     units: tuple
@@ -150,6 +159,7 @@ class Candidate:
     head: tuple | None = None
     seconds: float = 0.0
     layout: tuple | None = None
+    loss: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.modes, str):  # one mode for every unit
@@ -175,10 +185,22 @@ class Candidate:
         ``"2.*:selective"``), inside those ranges when they are recomputed too (``per_region_modes``: only such models
         get these plans).
         """
+        loss = {} if self.loss is None else {"checkpoint_loss": self.loss}
         if self.mode in MODES:
             stages = [u for u in self.units if isinstance(u, int)]
-            return {"checkpoint_stages": stages, "checkpoint_layers": self._head_layers(), "checkpoint_mode": self.mode}
-        return {"checkpoint_stages": [], "checkpoint_layers": self._items(), "checkpoint_mode": "full"}
+            return {"checkpoint_stages": stages, "checkpoint_layers": self._head_layers(), "checkpoint_mode": self.mode,
+                    **loss}
+        return {"checkpoint_stages": [], "checkpoint_layers": self._items(), "checkpoint_mode": "full", **loss}
+
+    @property
+    def key(self) -> tuple:
+        """What tells two plans apart: units, modes and loss plan."""
+        return self.units, self.modes, self.loss
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether the plan recomputes anything: a unit, or the loss."""
+        return bool(self.units) or self.loss not in (None, "none")
 
     def _head_layers(self) -> str | list:
         """``checkpoint_layers`` of a one-mode plan: ``head`` when it recomputes every unit after the backbone (or,
@@ -204,13 +226,13 @@ class Candidate:
 
     @property
     def spec(self) -> tuple:
-        """``(checkpoint_stages, checkpoint_mode, checkpoint_layers)`` as ``planned_copy`` installs it: the head's
-        resolved ranges where known."""
+        """``(checkpoint_stages, checkpoint_mode, checkpoint_layers, checkpoint_loss)`` as ``planned_copy`` installs
+        it: the head's resolved ranges where known; the loss ``None`` where it is the run's."""
         s = self.settings
         if self.mode not in MODES or s["checkpoint_layers"] != HEAD:
-            return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"] or None
+            return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"] or None, self.loss
         head = [list(r) for r in self.head] if self.head is not None else HEAD
-        return s["checkpoint_stages"], s["checkpoint_mode"], head
+        return s["checkpoint_stages"], s["checkpoint_mode"], head, self.loss
 
     @property
     def layers(self) -> Any:
@@ -298,7 +320,7 @@ class Choice:
         """Trade-off lines for the log: each measured candidate and the next alternatives, step time (predicted,
         and measured for the choice) next to memory (predicted, measured) and FLOPs; none when vanilla fit (nothing
         was traded)."""
-        if not self.candidate.units:
+        if not self.candidate.recomputes:
             return []
         listed = [*self.tried, *(Tried(a, None) for a in self.alternatives)]
         w = max(48, *(len(describe(t.candidate)) + 2 for t in listed))  # per-unit modes make long names
@@ -307,9 +329,9 @@ class Choice:
         seen = set()
         for t in listed:
             c = t.candidate
-            if (c.units, c.modes) in seen:
+            if c.key in seen:
                 continue
-            seen.add((c.units, c.modes))
+            seen.add(c.key)
             mark = " <- chosen" if c == self.candidate else ""
             measured = self.measured_bytes if mark else t.measured
             tried = any(x.candidate == c for x in self.tried)
@@ -323,7 +345,14 @@ class Choice:
 def describe(c: Candidate) -> str:
     """``stages [1, 2] + head selective``, ``stages [2, 3] full; stages [1] + head selective`` (per-unit modes),
     ``stages [2] full+parts`` (parts recomputed inside), ``head parts:selective`` (the head's parts alone), or
-    ``none``."""
+    ``none``; a loss plan after them (``stages [1, 2] + head, loss exact``, ``loss chunked``)."""
+    units = _describe_plan(c)
+    if c.loss in (None, "none"):
+        return units
+    return f"loss {c.loss}" if units == "none" else f"{units}, loss {c.loss}"
+
+
+def _describe_plan(c: Candidate) -> str:
     if c.mode != MIXED:
         return _describe_units(c.units, c.mode)
     return "; ".join(f"{_describe_units(us, m)}{' full' if m == 'full' else ''}"
@@ -402,6 +431,8 @@ class Costs:
         layout (tuple | None): Each unit's ``Layout`` (``Candidate.layout``).
         mixed (bool): The model's plans take a mode per region (``per_region_modes``): candidates may then recompute
             each unit in its own mode, its parts' modes included where the unit has block layers.
+        loss (dict): ``checkpoint_loss value -> Phases`` with only the loss recomputed, for the loss plans planning
+            may choose (``loss.auto_loss_modes``); empty where the loss plan is the run's (every copy carries it).
     """
 
     units: list
@@ -411,6 +442,7 @@ class Costs:
     head: tuple | None = None
     layout: tuple | None = None
     mixed: bool = False
+    loss: dict = field(default_factory=dict)
 
     def groups(self) -> list[tuple]:
         """The units plans recompute or not together: each alone where units take modes of their own; in one mode
@@ -424,38 +456,44 @@ class Costs:
         """The modes ``unit`` was measured in (those with its parts only where it has block layers)."""
         return tuple(m for m in UNIT_MODES if (unit, m) in self.unit)
 
-    def predict(self, units: tuple, modes: tuple | str, batch: int) -> tuple[int, int]:
+    def predict(self, units: tuple, modes: tuple | str, batch: int, loss: str | None = None) -> tuple[int, int]:
         """Predicted (step peak bytes, extra FLOPs) of recomputing ``units`` in ``modes`` (one per unit, or one
-        for all) at ``batch``.
+        for all) at ``batch``, and the loss as ``loss`` says (a key of ``Costs.loss``; else Ultralytics' loss, or the
+        run's).
 
         The forward peak falls by every unit's saving; a unit's backward runs while only the units before it still
         hold their kept tensors, so its backward peak falls by their savings alone; FLOPs add up. Activations scale
-        with the batch, parameter gradients do not: at small images they are much of a batch-1 backward peak.
+        with the batch, parameter gradients do not: at small images they are much of a batch-1 backward peak. The
+        loss is the last unit: its backward runs first, while every unit holds what it keeps, and what it kept is
+        freed before any unit's backward starts.
         """
         p = self.plain
-        phases = self._phases(units, modes)
+        phases = self._phases(units, modes, loss)
+        units = (*units, LOSS) if LOSS in phases else units
         less = {u: p.kept - phases[u].kept for u in units}
 
         def backward(peak: int) -> int:
             return batch * max(peak - self.grads, 0) + self.grads
 
         peaks = [batch * (p.forward - sum(less.values())), backward(p.backward - sum(less.values()))]
+        order = [*self.units, LOSS]
         for u in units:  # from u's backward on, only the units before it still hold what they keep
-            before = sum(less[v] for v in units if self.units.index(v) < self.units.index(u))
+            before = sum(less[v] for v in units if order.index(v) < order.index(u))
             peaks.append(backward(phases[u].window - before))
         extra = sum(phases[u].flops - p.flops for u in units)
         return max(peaks), batch * extra
 
-    def predict_seconds(self, units: tuple, modes: tuple | str, batch: int) -> float:
+    def predict_seconds(self, units: tuple, modes: tuple | str, batch: int, loss: str | None = None) -> float:
         """Predicted step time at ``batch``: the vanilla step's at batch 1 plus each unit's recompute time (its
-        batch-1 step's less vanilla's, never below zero: timing noise must not make recompute look free), scaled
-        with the batch as activations are."""
-        phases = self._phases(units, modes)
-        return batch * (self.plain.seconds + sum(max(phases[u].seconds - self.plain.seconds, 0.0) for u in units))
+        batch-1 step's less vanilla's, never below zero: timing noise must not make recompute look free), the loss
+        plan's likewise, scaled with the batch as activations are."""
+        phases = self._phases(units, modes, loss)
+        return batch * (self.plain.seconds + sum(max(ph.seconds - self.plain.seconds, 0.0) for ph in phases.values()))
 
-    def _phases(self, units: tuple, modes: tuple | str) -> dict:
+    def _phases(self, units: tuple, modes: tuple | str, loss: str | None = None) -> dict:
         modes = (modes,) * len(units) if isinstance(modes, str) else modes
-        return {u: self.unit[(u, m)] for u, m in zip(units, modes)}
+        phases = {u: self.unit[(u, m)] for u, m in zip(units, modes)}
+        return {**phases, LOSS: self.loss[loss]} if loss in self.loss else phases
 
 
 def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torch.dtype | None,
@@ -464,6 +502,8 @@ def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torc
     device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy and batch
     (the same step, so the memory it needs is what was just measured within the bound)."""
     enable_checkpointing(m, c.plan(m), c.spec[1])  # as ``Candidate.copy`` installs it
+    if c.loss is not None:
+        enable_loss_checkpointing(m, c.loss)
     room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
     data = training_batch(m, imgsz, 1, objects)
     limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
@@ -486,10 +526,13 @@ def per_region_modes(model: nn.Module) -> bool:
     return True
 
 
-def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None) -> Costs:
+def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None,
+               loss_modes: tuple = ()) -> Costs:
     """Measure the plain step and each unit alone, in each mode (its parts' too where the model's plans take modes
     per region and the unit has block layers), at batch 1 (on copies of the model), each within what the device has
-    free, and time each such step that fit.
+    free, and time each such step that fit. With ``loss_modes`` (``loss.auto_loss_modes``) every step runs
+    Ultralytics' loss, and each of those loss plans is measured alone too (``Costs.loss``); without, every step runs
+    the loss plan ``model`` has.
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
@@ -504,13 +547,18 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     # one copy for every probe, each plan installed in turn (a copy each took a third of planning on a simulated
     # device); its BatchNorm statistics move from probe to probe, which no step's bytes, FLOPs or time depend on,
     # and its loss is put back as the copy had it, so that every probe is the first step of a fresh copy
-    probes = [(None, "full"), *((u, k) for u in units for k in UNIT_MODES if k in MODES or where[u].nests)]
-    with planned_copy(model, []) as m, parts_known(m):
+    probes = [(None, "full"), *((u, k) for u in units for k in UNIT_MODES if k in MODES or where[u].nests),
+              *((LOSS, k) for k in loss_modes)]
+    base = "none" if loss_modes else None  # the loss the network's probes run
+    with planned_copy(model, [], loss=base) as m, parts_known(m):
         criterion = getattr(m, "criterion", None)  # the loss a first step makes, as it had it (its bytes count)
         for unit, mode in probes:
             m.criterion = criterion
-            c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout)
-            last = where[unit].ranges[-1][1] if unit not in (None, HEAD) else None  # the head: its backward is first
+            if unit == LOSS:  # the loss plan alone: the network plain
+                c = Candidate((), "full", 0, 0, head, layout=layout, loss=mode)
+            else:
+                c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout, loss=base)
+            last = where[unit].ranges[-1][1] if unit not in (None, HEAD, LOSS) else None  # the head: backward first
             if (phases := _unit_phases(m, c, imgsz, objects, amp, last)) is not None:
                 costs[(unit, mode)] = phases
             elif unit is None:
@@ -518,8 +566,9 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
                                  f"the device")
     units = [u for u in units if all((u, mode) in costs for mode in MODES)]
     plain = costs.pop((None, "full"))
+    loss = {mode: costs.pop((LOSS, mode)) for mode in loss_modes if (LOSS, mode) in costs}
     return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head, layout,
-                 mixed)
+                 mixed, loss)
 
 
 def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[Layout, ...]:
@@ -552,9 +601,9 @@ def _mode_choices(costs: Costs, units: tuple) -> Iterator[tuple]:
 def space_size(costs: Costs) -> int:
     """How many candidate plans ``costs``' units make: each unit off or in one of its modes (with per-unit modes),
     else every set of ``Costs.groups`` in each of ``MODES``."""
-    if costs.mixed:
-        return math.prod(1 + len(costs.modes_of(u)) for u in costs.units) - 1
-    return len(MODES) * (2 ** len(costs.groups()) - 1)
+    plans = (math.prod(1 + len(costs.modes_of(u)) for u in costs.units) - 1 if costs.mixed
+             else len(MODES) * (2 ** len(costs.groups()) - 1))
+    return (plans + 1) * (1 + len(costs.loss)) - 1  # each with the loss plan or without, and the loss plans alone
 
 
 def _every_plan(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
@@ -624,22 +673,27 @@ def _front_plans(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
         yield from ((q.units, q.modes) for q in plans if q.units)
 
 
-def candidate(costs: Costs, units: tuple, modes: tuple | str, batch: int, fixed: int) -> Candidate:
-    """``units`` in ``modes`` as a candidate at ``batch``, its bytes, FLOPs and step time predicted; ``fixed`` is what
-    no plan changes (model state, the batch on the device)."""
-    peak, flops = costs.predict(units, modes, batch)
-    return Candidate(units, modes, flops, fixed + peak, costs.head, costs.predict_seconds(units, modes, batch),
-                     costs.layout)
+def candidate(costs: Costs, units: tuple, modes: tuple | str, batch: int, fixed: int,
+              loss: str | None = None) -> Candidate:
+    """``units`` in ``modes`` with the loss as ``loss`` says (``Candidate.loss``) as a candidate at ``batch``, its
+    bytes, FLOPs and step time predicted; ``fixed`` is what no plan changes (model state, the batch on the device)."""
+    peak, flops = costs.predict(units, modes, batch, loss)
+    return Candidate(units, modes, flops, fixed + peak, costs.head, costs.predict_seconds(units, modes, batch, loss),
+                     costs.layout, loss)
 
 
-def candidates(costs: Costs, batch: int, fixed: int, max_space: int | None = None) -> list[Candidate]:
+def candidates(costs: Costs, batch: int, fixed: int, max_space: int | None = None,
+               loss: bool = True) -> list[Candidate]:
     """Every set of units, each in every mode it may take (``_mode_choices``) — or, when that space holds more than
     ``max_space`` plans (``MAX_SPACE``), only the plans no other beats (``_front_plans``) — least predicted step time
     first (then least recompute FLOPs, least predicted memory); ``fixed`` is what no plan changes (model state, the
-    batch on the device)."""
+    batch on the device). Where planning weighs the loss (``Costs.loss``), each plan with Ultralytics' loss and with
+    each loss plan, and the loss plans alone; ``loss=False``: the layer plans only, with the loss the run has."""
     every = space_size(costs) <= (MAX_SPACE if max_space is None else max_space)
-    out = [candidate(costs, units, modes, batch, fixed)
-           for units, modes in (_every_plan(costs) if every else _front_plans(costs))]
+    plans = list(_every_plan(costs) if every else _front_plans(costs))
+    losses = ("none", *costs.loss) if costs.loss and loss else (None,)
+    out = [candidate(costs, units, modes, batch, fixed, how)
+           for units, modes in [((), ()), *plans] for how in losses if units or how not in (None, "none")]
     return sorted(out, key=lambda c: (c.seconds, c.flops, c.predicted_bytes))
 
 
@@ -651,16 +705,17 @@ class Over:
 
 
 def no_recompute(costs: Costs, batch: int, fixed: int) -> Candidate:
-    """The plain step as a candidate: no recompute, its bytes predicted from batch 1 (never measured at a batch it may
-    not fit)."""
-    return candidate(costs, (), (), batch, fixed)
+    """The plain step as a candidate: no recompute (Ultralytics' loss where planning weighs the loss), its bytes
+    predicted from batch 1 (never measured at a batch it may not fit)."""
+    return candidate(costs, (), (), batch, fixed, "none" if costs.loss else None)
 
 
 def least_keeping(costs: Costs, batch: int = 1, fixed: int = 0) -> Candidate:
-    """The candidate predicted to keep the least at ``batch`` (a tie: the one that recomputes more): where ``auto``'s
-    "nothing fits" bound and escalation end. Nested plans and parts count: in yolo11n at 160 px it recomputes every
-    stage with its block layers' parts nested inside, where plans take a mode per region."""
-    return min(candidates(costs, batch, fixed), key=lambda c: (c.predicted_bytes, -c.flops))
+    """The layer plan predicted to keep the least at ``batch`` (a tie: the one that recomputes more), with the loss
+    the run has: where escalation's layer plans end (the loss comes after them, ``run_planning.loss_escalation``).
+    Nested plans and parts count: in yolo11n at 160 px it recomputes every stage with its block layers' parts
+    nested inside, where plans take a mode per region."""
+    return min(candidates(costs, batch, fixed, loss=False), key=lambda c: (c.predicted_bytes, -c.flops))
 
 
 def deepest(model: nn.Module) -> dict[str, Any]:
@@ -718,7 +773,7 @@ def measure_copy(m: nn.Module, imgsz: int, batch: int, target: int | None, objec
 
 def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
                 amp: torch.dtype | None = None, costs: Costs | None = None, measured: dict | None = None,
-                sized: BatchFit | None = None) -> Choice:
+                sized: BatchFit | None = None, loss_modes: tuple = ()) -> Choice:
     """The candidate with the least predicted step time whose measured step at ``batch`` fits ``target`` bytes; its
     step is then timed at ``batch`` (``Choice.measured_seconds``) on a copy, in the memory just measured.
 
@@ -737,11 +792,12 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         sized: The plan whose step set ``batch`` (``choose_plan_and_batch``), known to fit ``target`` there: taken
             when it is faster than every candidate measured to fit, or when none is, so that a batch set by a plan is
             never refused.
+        loss_modes: The loss plans it may choose beside the layer plan (``loss.auto_loss_modes``; ``unit_costs``).
 
     Raises:
         NothingFits: One line when not even the plan that keeps the least fits, with a bound on what it needs.
     """
-    costs = costs or unit_costs(model, imgsz, objects, amp)
+    costs = costs or unit_costs(model, imgsz, objects, amp, loss_modes)
     measured = {} if measured is None else measured
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
     base_flops = batch * costs.plain.flops
@@ -750,7 +806,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
 
     def measure(c: Candidate) -> int | None:
         nonlocal extrapolated
-        key = (c.units, c.modes, batch)
+        key = (*c.key, batch)
         got = measured.get(key)
         if got is None or isinstance(got, Over) and got.target < target:  # a larger target may hold it: measure
             got, extra = measure_candidate(model, c, imgsz, batch, target, costs, objects, amp)
@@ -771,7 +827,7 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
     best = _fastest_fitting(fitting, target, measure, len(tried))
     if sized is not None:  # the same plan at this batch (its bytes and time predicted here)
-        known = next(c for c in ranked if (c.units, c.modes) == (sized.candidate.units, sized.candidate.modes))
+        known = next(c for c in ranked if c.key == sized.candidate.key)
         if best is None or known.seconds < best[0].seconds:
             extrapolated |= sized.extrapolated
             tried.append(Tried(known, sized.step_bytes))
@@ -835,7 +891,7 @@ def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects
 
 
 def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,
-                          amp: torch.dtype | None = None, max_batch: int = 1024) -> Choice:
+                          amp: torch.dtype | None = None, max_batch: int = 1024, loss_modes: tuple = ()) -> Choice:
     """AutoBatch with ``auto``: the largest batch any plan allows (at most ``max_batch``: Ultralytics caps AutoBatch at
     the training images), then the fastest plan (least predicted step time) that fits at that batch.
 
@@ -843,12 +899,13 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     to keep the least sets the batch (``plan_batch``), and is the choice there unless a faster plan is measured to fit
     (predictions at that batch may miss it: it is never refused). At every batch the training loop's other batches
     (``measure.loop_bytes``) count against the share, as ``plan_batch`` counts them: the choice's ``target_bytes``
-    is the share less them, at its batch, as for a fixed batch.
+    is the share less them, at its batch, as for a fixed batch. ``loss_modes``: the loss plans it may choose
+    (``choose_plan``).
 
     Raises:
         ValueError: When not even batch 1 fits with the plan that keeps the least.
     """
-    costs = unit_costs(model, imgsz, objects, amp)
+    costs = unit_costs(model, imgsz, objects, amp, loss_modes)
     ranked = sorted(candidates(costs, 1, 0), key=lambda c: (c.predicted_bytes, c.seconds))
     near = [c for c in ranked if c.predicted_bytes <= ranked[0].predicted_bytes * (1 + MARGIN)][:MAX_MEASURED]
     target = int(fraction * budget)
@@ -871,7 +928,7 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     for c in near:
         got, extra = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), costs, objects, amp)
         if not extra:  # an extrapolated step is measured again there, so that the choice says it is one
-            measured[(c.units, c.modes, first.batch)] = Over(step_target(first.batch)) if got is None else got
+            measured[(*c.key, first.batch)] = Over(step_target(first.batch)) if got is None else got
         if got is not None:
             sizes[c] = got
     least = min(sizes, key=lambda c: (sizes[c], c.seconds)) if sizes else near[0]
@@ -880,10 +937,11 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         sized = BatchFit(least, second)
     # ``sized`` fits there (its step is one ``plan_batch`` measured, or extrapolated, within the share less the
     # loop's batches), so ``choose_plan`` never refuses that batch
-    return choose_plan(model, imgsz, sized.batch, step_target(sized.batch), objects, amp, costs, measured, sized)
+    return choose_plan(model, imgsz, sized.batch, step_target(sized.batch), objects, amp, costs, measured, sized,
+                       loss_modes)
 
 
 def escalations(costs: Costs, current: int, batch: int, fixed: int) -> list[Candidate]:
     """The plans predicted to keep less than ``current`` step bytes at ``batch``, least predicted step time first:
     where a run that ran out of memory goes next (the first of them is the next point of the Pareto front)."""
-    return [c for c in candidates(costs, batch, fixed) if c.predicted_bytes < current]
+    return [c for c in candidates(costs, batch, fixed, loss=False) if c.predicted_bytes < current]

@@ -39,7 +39,7 @@ from ultralytics.utils.torch_utils import unwrap_model
 from .autobatch import parse_memory, plan_batch, probe_room
 from .device import DeviceMemory, cuda_peak, device_memory, release, unless_oom
 from .escalation import Snapshot, keeps_least, next_plan
-from .loss import LOSS_TASKS, enable_loss_checkpointing, loss_checkpointing
+from .loss import LOSS_TASKS, auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
 from .measure import batch_bytes, grad_bytes, loop_bytes, planned_copy, state_bytes, validation_probe, weight_bytes
 from .model import checkpoint_mode, checkpoint_plan, enable_checkpointing
 from .planner import Costs, deepest, describe, least_keeping, unit_costs
@@ -189,10 +189,12 @@ def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "")
     """Log lines for ``auto``'s choice (a ``planner.Choice``): the trade-off table of the measured candidates and the
     choice, or a single line when vanilla fits (nothing was weighed, so there is no table)."""
     measured = f"{how} {choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB"
-    if not choice.plan.regions:
-        return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
     c = choice.candidate
-    what = describe(c) if c.mode not in MODES else choice.plan.describe(mode)  # the plan knows one mode only
+    if not c.recomputes:
+        return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
+    what = describe(c)
+    if c.units and c.mode in MODES:  # the plan knows one mode only
+        what = choice.plan.describe(mode) + (f", checkpoint_loss={c.loss}" if c.loss not in (None, "none") else "")
     timed = f", measured {choice.measured_seconds:.3f} s" if choice.measured_seconds is not None else ""
     return [*(f"  {line}" for line in choice.table()),
             f"auto chose {what} at batch {choice.batch}{capped}: {1 + c.flops / choice.base_flops:.3f}x FLOPs, "
@@ -322,6 +324,11 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
     record_settings(trainer)
     enable_checkpointing(model, CheckpointPlan.from_spec(model, trainer.args.checkpoint_stages,
                                                          trainer.args.checkpoint_layers), trainer.args.checkpoint_mode)
+    if "checkpoint_loss" in decision["settings"]:  # auto weighed the loss: its choice replaces the run's, also on
+        # the EMA the validator computes its losses with (a fixed batch plans after Ultralytics made it, 8.4.190)
+        for m in (model, getattr(getattr(trainer, "ema", None), "ema", None)):
+            if m is not None:
+                enable_loss_checkpointing(m, trainer.args.checkpoint_loss)
     for line in decision.get("lines", []):
         LOGGER.info(line)
     return decision["batch"]
@@ -352,12 +359,17 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB{' per image' if autobatch else ''})"
     LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
                 f"{source}{less} at imgsz={imgsz}, {what}...")
+    # the loss plans it may choose beside the layer plan: exact (bit for bit) where the task has it, chunked only
+    # where the user wrote it
+    loss_modes = auto_loss_modes(trainer.args.checkpoint_loss, trainer.args.task)
     start = time.perf_counter()
     try:
         if autobatch:
-            choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap)
+            choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap,
+                                           loss_modes=loss_modes)
         else:
-            choice = choose_plan(model, imgsz, batch, trainer.memory_target - buckets - loop, objects, amp)
+            choice = choose_plan(model, imgsz, batch, trainer.memory_target - buckets - loop, objects, amp,
+                                 loss_modes=loss_modes)
     except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
         # (choose_plan_and_batch's bound holds the loop's batches at its batch already)
         need = math.ceil((e.needed + buckets + (0 if autobatch else loop)) / fraction / 2**20)

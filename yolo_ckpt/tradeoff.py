@@ -98,7 +98,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
               *also]:
         fit = plan_step(model, c.spec, imgsz, batch, amp)
         if share:
-            measured[c.units, c.modes, batch] = fit.step_bytes
+            measured[(*c.key, batch)] = fit.step_bytes
         rows.append(_row(c, fit))
     _ratios(rows)
     pareto(rows)
