@@ -124,16 +124,31 @@ def count_forwards(trainer) -> None:
     trainer.forward_hooks = [m.register_forward_pre_hook(hook) for m in model.model] + [
         m.register_forward_pre_hook(partial(conv_hook, name)) for name, m in model.named_modules()
         if isinstance(m, torch.nn.Conv2d)]
+    # Ultralytics' per-image mask loss, counted in this process from here on (planning's probes ran before): the
+    # forward and the recompute of ``checkpoint_loss=exact``, not validation
+    from ultralytics.utils.loss import v8SegmentationLoss
+
+    trainer.mask_calls, plain = [0], v8SegmentationLoss.__dict__["single_mask_loss"]
+
+    def single_mask_loss(*args):
+        trainer.mask_calls[0] += torch.is_grad_enabled()
+        return plain.__func__(*args)
+
+    v8SegmentationLoss.single_mask_loss = staticmethod(single_mask_loss)
+    trainer.mask_loss_restore = lambda: setattr(v8SegmentationLoss, "single_mask_loss", plain)
 
 
 def dump_training(trainer) -> None:
     """``teardown`` (every process, also DDP workers): write this rank's forward counts and final training model."""
     for h in getattr(trainer, "forward_hooks", []):
         h.remove()
+    if hasattr(trainer, "mask_loss_restore"):
+        trainer.mask_loss_restore()
     out = Path(trainer.save_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"forwards_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "forward_counts", None)))
     (out / f"convs_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "conv_counts", None)))
+    (out / f"mask_calls_rank{RANK}.json").write_text(json.dumps(getattr(trainer, "mask_calls", [None])[0]))
     # whether this rank measured auto's unit costs itself (under DDP only rank 0 plans and broadcasts)
     loader = getattr(trainer, "test_loader", None)  # the validator's batch (auto lowers it where it would not fit)
     (out / f"val_batch_rank{RANK}.json").write_text(json.dumps(getattr(loader, "batch_size", None)))
@@ -158,6 +173,11 @@ def forward_counts(run_dir: Path, rank: int = -1) -> list[int]:
 
 def conv_counts(run_dir: Path, rank: int = -1) -> dict[str, int]:
     return json.loads((Path(run_dir) / f"convs_rank{rank}.json").read_text())
+
+
+def mask_calls(run_dir: Path, rank: int = -1) -> int:
+    """Ultralytics' per-image mask loss calls of a run's training steps (forward and recompute) on ``rank``."""
+    return json.loads((Path(run_dir) / f"mask_calls_rank{rank}.json").read_text())
 
 
 def assert_convs_recomputed(vanilla: dict[str, int], ckpt: dict[str, int], plan: CheckpointPlan) -> None:
@@ -424,6 +444,14 @@ class VanillaGloo(GlooDDP, VanillaTorchrun):
 
 class CkptGloo(GlooDDP, DetectionTrainer):
     """Our detection trainer in 2-process gloo DDP."""
+
+
+class VanillaSegGloo(GlooDDP, DistributedMixin, yolo.segment.SegmentationTrainer):
+    """Ultralytics' segmentation trainer in 2-process gloo DDP (with only yolo-ckpt's torchrun hooks)."""
+
+
+class CkptSegGloo(GlooDDP, SegmentationTrainer):
+    """Our segmentation trainer in 2-process gloo DDP."""
 
 
 TORCHRUN_TRAINERS = {"vanilla": VanillaTorchrun, "ckpt": DetectionTrainer}  # by name, for tests/torchrun_train.py

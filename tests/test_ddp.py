@@ -30,7 +30,9 @@ from yolo_ckpt.trainer import WORKER_ERROR, reported_by_workers
 from support import (
     TRAIN_ARGS,
     CkptGloo,
+    CkptSegGloo,
     VanillaGloo,
+    VanillaSegGloo,
     add_counting,
     assert_convs_recomputed,
     assert_plan_recomputed,
@@ -39,6 +41,7 @@ from support import (
     auto_budget,
     conv_counts,
     forward_counts,
+    mask_calls,
     results,
 )
 
@@ -119,6 +122,26 @@ def test_two_process_ddp_auto_plans_once_and_matches_plain_ddp(gloo_runs):
     device = int(yaml.safe_load((gloo_runs["auto"] / "args.yaml").read_text())["simulate_gpu"][:-1])
     # the epoch of the rank that needed the most stays in auto's share, DDP's gradient buckets included
     assert 0 < float(results(gloo_runs["auto"])[0]["mem/peak_tensor_GB"]) * 2**30 <= 0.6 * device
+
+
+def test_two_process_ddp_exact_loss_matches_plain_ddp(tmp_path):
+    """Instance segmentation in two-process DDP, the whole backbone and each image's mask loss recomputed
+    (``checkpoint_loss=exact``): each worker ran every mask loss twice and recomputed the backbone, and the run is
+    plain DDP's bit for bit on both ranks."""
+    from yolo_ckpt.synthetic import synthetic_dataset
+
+    data = str(synthetic_dataset("segment"))
+    for name, trainer, extra in (("vanilla", VanillaSegGloo, {}),
+                                 ("ckpt", CkptSegGloo, {"checkpoint_stages": "all", "checkpoint_loss": "exact"})):
+        model = ultralytics.YOLO("yolo11n-seg.yaml")
+        add_counting(model)
+        model.train(trainer=trainer, data=data, project=str(tmp_path), name=name, **{
+            **TRAIN_ARGS, "epochs": 1, "imgsz": 160, "save_period": 1, **extra})
+    vanilla, ckpt = tmp_path / "vanilla", tmp_path / "ckpt"
+    for rank in (0, 1):
+        assert mask_calls(vanilla, rank) > 0 and mask_calls(ckpt, rank) == 2 * mask_calls(vanilla, rank)
+    assert_plan_recomputed("yolo11n-seg.yaml", "all", vanilla, ckpt, ranks=(0, 1))
+    assert_same_run(vanilla, ckpt, ranks=(0, 1))
 
 
 def test_our_callbacks_are_registered_once_however_the_trainer_is_built(detect_data, tmp_path):
