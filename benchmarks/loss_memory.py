@@ -1,4 +1,4 @@
-"""How much of a training step's memory the loss itself takes (semantic segmentation, depth, any task).
+"""How much of a training step's memory the loss itself takes (semantic segmentation, depth, any task, RT-DETR).
 
 The semantic loss upsamples its logits to the mask's full resolution (batch x classes x imgsz x imgsz, then softmax,
 cross-entropy and Dice on every pixel) and the depth loss runs a four-scale gradient-matching term on full-resolution
@@ -26,9 +26,8 @@ def loss_alone(model, data) -> int:
     with torch.no_grad():
         preds = model(data["img"])
     leaves = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().requires_grad_(), preds)
-    criterion = model.criterion if getattr(model, "criterion", None) else model.init_criterion()
-    with LiveTensorTracker() as tracker:
-        loss, _ = criterion(leaves, data)
+    with LiveTensorTracker() as tracker:  # the model's own loss on given predictions: its targets, its criterion
+        loss, _ = model.loss(data, leaves)
         loss.sum().backward()
         del loss
     return tracker.peak

@@ -141,3 +141,22 @@ def test_epoch_memory_plot_draws_a_line_per_plan(tmp_path):
             for spec, peak in (("[]", 0.9), ("all", 0.5))}
     epoch_memory.plot(runs, "mem/peak_tensor_GB", "yolo11n", tmp_path / "epochs.png")
     assert (tmp_path / "epochs.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_loss_memory_measures_the_loss_of_every_family(tmp_path, monkeypatch):
+    """The loss alone (its forward and backward into detached head outputs, through the model's own ``loss``) is
+    measured for a YOLO task model and for RT-DETR, and is less than the step that holds it (measured here by a
+    fresh tracker around the whole training step)."""
+    from yolo_ckpt.measure import build_model, training_batch
+
+    from support import RTDETR_TINY
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from loss_memory import loss_alone
+
+    YAML.save(tmp_path / "rtdetr-tiny.yaml", RTDETR_TINY)
+    for name in ("yolo26n-sem.yaml", str(tmp_path / "rtdetr-tiny.yaml")):
+        model = build_model(name)
+        data = training_batch(model, 64, 2)
+        alone = loss_alone(model, data)
+        assert 0 < alone < measured_step(model, 64, 2), name
