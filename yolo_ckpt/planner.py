@@ -346,10 +346,14 @@ def describe(c: Candidate) -> str:
     """``stages [1, 2] + head selective``, ``stages [2, 3] full; stages [1] + head selective`` (per-unit modes),
     ``stages [2] full+parts`` (parts recomputed inside), ``head parts:selective`` (the head's parts alone), or
     ``none``; a loss plan after them (``stages [1, 2] + head, loss exact``, ``loss chunked``)."""
-    units = _describe_plan(c)
-    if c.loss in (None, "none"):
-        return units
-    return f"loss {c.loss}" if units == "none" else f"{units}, loss {c.loss}"
+    if not c.units and c.loss not in (None, "none"):
+        return f"loss {c.loss}"
+    return _describe_plan(c) + loss_suffix(c)
+
+
+def loss_suffix(c: Candidate) -> str:
+    """``", loss exact"`` after a plan's units where it recomputes the loss, else nothing."""
+    return "" if c.loss in (None, "none") else f", loss {c.loss}"
 
 
 def _describe_plan(c: Candidate) -> str:

@@ -42,7 +42,7 @@ from .escalation import Snapshot, keeps_least, next_plan
 from .loss import LOSS_TASKS, auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
 from .measure import batch_bytes, grad_bytes, loop_bytes, planned_copy, state_bytes, validation_probe, weight_bytes
 from .model import checkpoint_mode, checkpoint_plan, enable_checkpointing
-from .planner import Costs, deepest, describe, least_keeping, unit_costs
+from .planner import Costs, deepest, describe, least_keeping, loss_suffix, unit_costs
 from .recompute import MODES
 from .stages import CheckpointConfigError, CheckpointPlan, model_stages, word
 from .summary import autocast_dtype
@@ -194,7 +194,7 @@ def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "")
         return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
     what = describe(c)
     if c.units and c.mode in MODES:  # the plan knows one mode only
-        what = choice.plan.describe(mode) + (f", checkpoint_loss={c.loss}" if c.loss not in (None, "none") else "")
+        what = choice.plan.describe(mode) + loss_suffix(c)
     timed = f", measured {choice.measured_seconds:.3f} s" if choice.measured_seconds is not None else ""
     return [*(f"  {line}" for line in choice.table()),
             f"auto chose {what} at batch {choice.batch}{capped}: {1 + c.flops / choice.base_flops:.3f}x FLOPs, "
@@ -317,6 +317,7 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
         raise RuntimeError(f"checkpoint_stages=auto: rank 0 failed while planning ({decision['failed']})")
     if "error" in decision:
         raise CheckpointConfigError(decision["error"])
+    written = trainer.args.checkpoint_loss
     for k, v in decision["settings"].items():
         setattr(trainer.args, k, v)
     trainer.val_batch = decision.get("val_batch")
@@ -329,6 +330,9 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
         for m in (model, getattr(getattr(trainer, "ema", None), "ema", None)):
             if m is not None:
                 enable_loss_checkpointing(m, trainer.args.checkpoint_loss)
+        if written != trainer.args.checkpoint_loss:  # the log said what was written: say what trains
+            LOGGER.info(f"{PREFIX} auto: checkpoint_loss={trainer.args.checkpoint_loss} chosen (checkpoint_loss="
+                        f"{written} allowed it){'' if trainer.args.checkpoint_loss == 'chunked' else ': bit for bit'}")
     for line in decision.get("lines", []):
         LOGGER.info(line)
     return decision["batch"]
