@@ -75,7 +75,8 @@ def check(name: str, imgsz: int, batch: int) -> list[tuple[str, bool, str]]:
 
     one = fresh_step(model, None, imgsz, 1) + loop_bytes(model, imgsz, 1, OBJECTS)
     share = (one + fresh_step(model, deepest(model), imgsz, 1) + loop_bytes(model, imgsz, 1, OBJECTS)) // 2
-    batched = choose_plan_and_batch(model, imgsz, int(share / 0.6) + 1, 0.6, OBJECTS, max_batch=4)
+    batched = choose_plan_and_batch(model, imgsz, int(share / 0.6) + 1, 0.6, OBJECTS, max_batch=4,
+                                    costs=costs)
     b = batched.batch
     got = fresh_step(model, batched.candidate.settings, imgsz, b) + loop_bytes(model, imgsz, b, OBJECTS)
     out.append(("AutoBatch with auto", bool(batched.plan.regions) and got <= share,

@@ -65,7 +65,6 @@ from .autobatch import BatchPlan, ProbeRoom, plan_batch, probe_room
 from .device import MemoryLimit, unless_oom
 from .loss import enable_loss_checkpointing
 from .measure import (
-    FlopCount,
     batch_bytes,
     grad_bytes,
     loop_bytes,
@@ -397,8 +396,8 @@ def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | 
     model.zero_grad(set_to_none=True)
     hooks = []
     # without a limit an exact tracker: a limit sizes every op on meta tensors before it runs
-    tracker = MemoryLimit(limit, "device room", device=False) if limit is not None else LiveTensorTracker()
-    with FlopCount() as counter, tracker:
+    tracker = MemoryLimit(limit, "device room", False, True) if limit is not None else LiveTensorTracker(flops=True)
+    with tracker:
         marks = {}
 
         def mark(m: nn.Module, args: Any, out: Any) -> None:  # backward reaches this output: start the window
@@ -418,7 +417,7 @@ def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | 
                 h.remove()
             model.zero_grad(set_to_none=True)
         window = tracker.peak
-    return Phases(kept, forward, max(marks.get("bwd", 0), window), window, counter.flops)
+    return Phases(kept, forward, max(marks.get("bwd", 0), window), window, tracker.flops)
 
 
 @dataclass(frozen=True)
@@ -895,7 +894,8 @@ def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects
 
 
 def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,
-                          amp: torch.dtype | None = None, max_batch: int = 1024, loss_modes: tuple = ()) -> Choice:
+                          amp: torch.dtype | None = None, max_batch: int = 1024, loss_modes: tuple = (),
+                          costs: Costs | None = None) -> Choice:
     """AutoBatch with ``auto``: the largest batch any plan allows (at most ``max_batch``: Ultralytics caps AutoBatch at
     the training images), then the fastest plan (least predicted step time) that fits at that batch.
 
@@ -904,12 +904,12 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     (predictions at that batch may miss it: it is never refused). At every batch the training loop's other batches
     (``measure.loop_bytes``) count against the share, as ``plan_batch`` counts them: the choice's ``target_bytes``
     is the share less them, at its batch, as for a fixed batch. ``loss_modes``: the loss plans it may choose
-    (``choose_plan``).
+    (``choose_plan``); ``costs``: this model's ``unit_costs`` at ``imgsz`` with those loss plans, when already measured.
 
     Raises:
         ValueError: When not even batch 1 fits with the plan that keeps the least.
     """
-    costs = unit_costs(model, imgsz, objects, amp, loss_modes)
+    costs = costs or unit_costs(model, imgsz, objects, amp, loss_modes)
     ranked = sorted(candidates(costs, 1, 0), key=lambda c: (c.predicted_bytes, c.seconds))
     near = [c for c in ranked if c.predicted_bytes <= ranked[0].predicted_bytes * (1 + MARGIN)][:MAX_MEASURED]
     target = int(fraction * budget)

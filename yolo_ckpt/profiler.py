@@ -26,13 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import planner
 from .fitting import fitting_step, mib, plan_step, ratio, time_plans
 from .measure import measure_peak, planned_copy, step_loss, training_batch
 from .plots import axes, legend_points
 from .stages import CheckpointPlan, model_stages
 
 
-def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int = 3,
+def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int | None = None,
                   progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
     """Measure each plan's training step, one copy at a time; ratios are to the first plan (vanilla).
 
@@ -40,8 +41,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     checkpoint_loss]])`` tuple (no ``checkpoint_loss``: the loss plan ``model`` has).
 
     Memory and FLOPs are exact per plan, each step within what the device has free (``fitting.fitting_step``); step
-    times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``); ``amp`` is the forward's autocast
-    dtype (``None``: full precision).
+    times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``; ``None``: as many as planning times,
+    ``planner.TIMED_STEPS``); ``amp`` is the forward's autocast dtype (``None``: full precision).
 
     Returns:
         (list[dict]): One row per plan: name, stages, ``fits``, peak/FLOP/time figures and ratios to the first plan.
@@ -50,6 +51,7 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     """
     from ultralytics.utils import TQDM
 
+    repeats = planner.TIMED_STEPS if repeats is None else repeats
     plans = {name: spec if isinstance(spec, tuple) else (spec, "full") for name, spec in plans.items()}
     items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
     fits = {name: plan_step(model, spec, imgsz, batch, amp) for name, spec in items}
