@@ -38,3 +38,19 @@ def test_the_loops_host_images_count_only_where_the_model_trains_on_the_cpu():
     assert loop_bytes(model, 64, 2) == loop_batches(model, 64, 2)  # the independent count, from real tensors
     accelerator = DetectionModel(deepcopy(MINI), verbose=False).to("meta")
     assert loop_bytes(accelerator, 64, 2) == batch_bytes(model, 64, 2) < loop_batches(model, 64, 2)
+
+
+def test_one_copy_for_many_plans_measures_as_a_fresh_copy_each():
+    """``copy_for_plans`` against a fresh ``planned_copy`` per plan: the same exact peak, bytes kept for backward and
+    FLOPs for each plan in turn, a loss plan and Ultralytics' loss after it included (each step builds its loss as a
+    fresh copy's first step does)."""
+    from yolo_ckpt.measure import build_model, copy_for_plans, measure_peak, planned_copy
+
+    model = build_model("yolo11n-seg.yaml")
+    plans = [([],), ([2, 3],), ("all", "full", "head"), ([], "full", None, "exact"), ([2, 3], "selective"), ([],)]
+    with copy_for_plans(model) as install:
+        shared = [measure_peak(m := install(*p), training_batch(m, 64, 2), flops=True) for p in plans]
+    for p, got in zip(plans, shared):
+        with planned_copy(model, *p) as m:
+            assert got == measure_peak(m, training_batch(m, 64, 2), flops=True), p
+    assert len({s.flops for s in shared[:3]}) == 3  # each recomputes more: a copy that kept its first plan would fail

@@ -127,9 +127,10 @@ def need_on_device(model, imgsz: int, batch: int, peak: int) -> int:
 
 
 def test_flop_count_is_torchs_and_keeps_nothing(mini):
-    """``FlopCount`` against ``FlopCounterMode`` (the FLOPs) and the exact tracker without it (the memory), and why
-    it exists: under ``FlopCounterMode`` the whole network's checkpointed step peaks above the step itself."""
-    from yolo_ckpt.measure import FlopCount, measure_peak, planned_copy, step_loss
+    """The tracker's FLOPs (``flops=True``) against ``FlopCounterMode``, and its memory against the tracker without
+    them; and why torch's counter is not used: under ``FlopCounterMode`` the whole network's checkpointed step peaks
+    above the step itself."""
+    from yolo_ckpt.measure import measure_peak, planned_copy, step_loss
     from yolo_ckpt.memory import LiveTensorTracker
 
     for spec in ([], ("all", "full", "head")):
@@ -139,9 +140,10 @@ def test_flop_count_is_torchs_and_keeps_nothing(mini):
                 step_loss(m, data).backward()
             m.zero_grad(set_to_none=True)
             plain = measure_peak(m, data)
-            with FlopCount() as ours:
-                counted = measure_peak(m, data)
-        assert ours.flops == torch_count.get_total_flops() > 0 and counted == plain, spec
+            counted = measure_peak(m, data, flops=True)
+            bounded = measure_peak(m, data, limit=2**40, flops=True)  # a probe's tracker (``MemoryLimit``) counts too
+        assert counted.flops == bounded.flops == torch_count.get_total_flops() > 0, spec
+        assert plain.flops == 0 and counted._replace(flops=0) == plain == bounded._replace(flops=0), spec
     assert seen.peak > plain.peak  # the last spec: FlopCounterMode kept what checkpointing frees
 
 

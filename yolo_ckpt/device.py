@@ -129,8 +129,8 @@ class MemoryLimit(LiveTensorTracker):
     size (data-dependent shapes: ``nonzero``, boolean indexing, small in every task's loss) is checked after it ran.
     """
 
-    def __init__(self, limit: int, name: str = "memory limit", device: bool = True) -> None:
-        super().__init__()
+    def __init__(self, limit: int, name: str = "memory limit", device: bool = True, flops: bool = False) -> None:
+        super().__init__(flops)
         self.limit, self.name, self.device = int(limit), name, device
 
     def _refuse(self, nbytes: int) -> None:

@@ -6,7 +6,8 @@ now, the rule planning follows): a step that does not fit stops at that limit, i
 says it does not fit, instead of ending the profile in an out-of-memory traceback. Without a device limit (CPU) the
 same code measures the same figures, unbounded.
 
-FLOPs are counted in that same bounded step by ``measure.FlopCount``, as everywhere in the project.
+FLOPs are counted in that same bounded step, by its own tracker (``LiveTensorTracker(flops=True)``), as everywhere in
+the project.
 ``torch.utils.flop_counter.FlopCounterMode`` cannot be used there: its module tracker keeps tensors alive that
 checkpointing frees (under it a whole-network plan's step peaks above the same step without it:
 ``tests/test_profiler.py``), so it would run out of memory exactly where only the checkpointed step fits.
@@ -33,11 +34,10 @@ from torch import nn
 from .autobatch import probe_room
 from .device import MemoryLimit, cuda_peak, device_memory, unless_oom
 from .measure import (
-    FlopCount,
     batch_bytes,
     planned_copy,
-    probe_step,
     state_bytes,
+    step_cost,
     time_steps,
     training_batch,
     with_plan,
@@ -74,13 +74,13 @@ def fitting_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | No
     """One training step of ``model`` within what its device has free now; ``None`` when it does not fit (the step
     stopped at the limit and its memory was released)."""
     device, limit = next(model.parameters()).device, device_room(model)
-    with cuda_peak(device) if device.type == "cuda" else nullcontext() as peak, FlopCount() as counter:
-        got = probe_step(model, imgsz, batch, amp=amp, limit=limit)
+    with cuda_peak(device) if device.type == "cuda" else nullcontext() as peak:  # a probe step (``probe_step``)
+        got = unless_oom(lambda: step_cost(model, imgsz, batch, amp=amp, limit=limit, flops=True), device)
     if got is None:
         return None
     inputs = batch_bytes(model, imgsz, batch)
     cuda = peak.allocated - peak.before - inputs if peak is not None else None
-    return Fit(got, got - state_bytes(model) - inputs, counter.flops, cuda)
+    return Fit(got.bytes, got.bytes - state_bytes(model) - inputs, got.flops, cuda)
 
 
 def plan_step(model: nn.Module, spec: tuple, imgsz: int, batch: int, amp: torch.dtype | None = None) -> Fit | None:

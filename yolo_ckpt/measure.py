@@ -2,8 +2,8 @@
 
 Every figure of the project comes from here: the step the trainer runs, on a copy of the model with a plan installed
 (``planned_copy``: steps move BatchNorm statistics, so the training model never runs), on a deterministic batch in the
-format of the model's task (``training_batch``), with exact tensor accounting (``LiveTensorTracker``),
-``FlopCount`` (convolutions and matmuls, recompute included) and wall-clock time.
+format of the model's task (``training_batch``), with exact tensor accounting (``LiveTensorTracker``), convolution
+and matmul FLOPs counted by the same tracker (recompute included) and wall-clock time.
 
 Memory is counted the way planning compares it with a target:
 
@@ -30,11 +30,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from .device import LimitReached, MemoryLimit, unless_oom
-from .loss import disable_loss_checkpointing, enable_loss_checkpointing
+from .loss import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
 from .memory import LiveTensorTracker
 from .model import disable_checkpointing, enable_checkpointing
 from .stages import CheckpointPlan
@@ -154,13 +152,16 @@ class StepMemory(NamedTuple):
     Attributes:
         peak (int): Peak live tensor bytes the step allocated (activations, gradients, loss).
         saved (int): Bytes still alive after forward, i.e. kept for backward.
+        flops (int): Convolution/matmul FLOPs of the step, recompute included (counted only when asked for).
     """
 
     peak: int
     saved: int
+    flops: int = 0
 
 
-def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, limit: int | None = None) -> StepMemory:
+def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, limit: int | None = None,
+                 flops: bool = False) -> StepMemory:
     """Exact memory of one training step, ``model.loss(batch)`` forward and backward, and nothing else running.
 
     The model's gradients are cleared first (as ``optimizer.zero_grad()`` does), so each measurement starts like a
@@ -171,9 +172,10 @@ def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, 
         batch: A batch as ``training_batch`` makes it.
         amp: Autocast dtype of the forward (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
         limit: Bytes the step may allocate at most; past it, ``device.LimitReached``.
+        flops: Count the step's FLOPs too (in the same tracker: one dispatch mode).
     """
     model.zero_grad(set_to_none=True)
-    tracker = LiveTensorTracker() if limit is None else MemoryLimit(limit, "planning share", device=False)
+    tracker = LiveTensorTracker(flops) if limit is None else MemoryLimit(limit, "planning share", False, flops)
     try:
         with tracker:
             loss = step_loss(model, batch, amp)
@@ -182,7 +184,19 @@ def measure_peak(model: nn.Module, batch: dict, amp: torch.dtype | None = None, 
             del loss
     finally:
         model.zero_grad(set_to_none=True)
-    return StepMemory(tracker.peak, saved)
+    return StepMemory(tracker.peak, saved, tracker.flops)
+
+
+class StepCost(NamedTuple):
+    """A training step as planning counts it (``step_cost``).
+
+    Attributes:
+        bytes (int): Model state, the batch on the device and the step's exact peak.
+        flops (int): Convolution/matmul FLOPs of the step (0 unless counted).
+    """
+
+    bytes: int
+    flops: int
 
 
 def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
@@ -192,12 +206,19 @@ def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_
     ``limit`` (step bytes) stops the step with ``device.LimitReached`` once it cannot fit (the batch is not even
     allocated when it alone passes it).
     """
+    return step_cost(model, imgsz, batch, objects, amp, limit).bytes
+
+
+def step_cost(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
+              amp: torch.dtype | None = None, limit: int | None = None, flops: bool = False) -> StepCost:
+    """``step_bytes`` and, with ``flops=True``, the step's FLOPs, counted in the same step."""
     static = state_bytes(model)
     inputs = batch_bytes(model, imgsz, batch, objects)
     if limit is not None and static + inputs > limit:
         raise LimitReached(f"the batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
     data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
-    return static + inputs + measure_peak(model, data, amp, None if limit is None else limit - static - inputs).peak
+    step = measure_peak(model, data, amp, None if limit is None else limit - static - inputs, flops)
+    return StepCost(static + inputs + step.peak, step.flops)
 
 
 def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
@@ -207,34 +228,9 @@ def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_
     return unless_oom(lambda: step_bytes(model, imgsz, batch, objects, amp, limit), next(model.parameters()).device)
 
 
-class FlopCount(TorchDispatchMode):
-    """Convolution/matmul FLOPs of every op that runs while active, by torch's own formulas (``flop_registry``, the
-    ones ``FlopCounterMode`` sums), keeping no tensor alive: each op runs unchanged, so memory is the plain step's.
-
-    Attributes:
-        flops (int): FLOPs counted so far.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.flops = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        count = flop_registry.get(getattr(func, "_overloadpacket", None))
-        if count is not None:
-            self.flops += count(*args, **kwargs, out_val=out)
-        return out
-
-
 def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> int:
-    """Convolution/matmul FLOPs of one training step, recompute included (``FlopCount``)."""
-    model.zero_grad(set_to_none=True)
-    with FlopCount() as counter:
-        step_loss(model, batch, amp).backward()
-    model.zero_grad(set_to_none=True)
-    return counter.flops
+    """Convolution/matmul FLOPs of one training step, recompute included (``LiveTensorTracker(flops=True)``)."""
+    return measure_peak(model, batch, amp, flops=True).flops
 
 
 def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dtype | None = None,
@@ -293,6 +289,32 @@ def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: A
         disable_checkpointing(m)
         disable_loss_checkpointing(m)
         del m
+
+
+@contextmanager
+def copy_for_plans(model: nn.Module) -> Iterator[Callable[..., nn.Module]]:
+    """One copy of ``model`` for many plans in turn: ``install(spec, mode, layers, loss)`` (``planned_copy``'s
+    arguments) puts a plan on it and returns it, its loss built afresh at its next step, so that each step measures as
+    the first step of a fresh ``planned_copy`` does; afterwards the copy is freed as ``planned_copy`` frees it.
+
+    A deep copy per plan was a third of measuring every candidate plan (``tradeoff.measure_candidates``). The copy's
+    BatchNorm statistics move from step to step; no step's bytes, FLOPs or time depend on them.
+
+    Examples:
+        >>> with copy_for_plans(build_model("yolo11n.yaml")) as install:
+        ...     steps = [measure_peak(m := install(p), training_batch(m, 128, 1)) for p in ([], [2, 3], "all")]
+    """
+    with planned_copy(model, []) as m:
+        criterion, own_loss = getattr(m, "criterion", None), loss_checkpointing(model) or "none"
+
+        def install(spec: Any = (), mode: str = "full", layers: Any = None, loss: str | None = None) -> nn.Module:
+            m.criterion = criterion  # as the copy had it: the next step builds the loss as a fresh copy's first
+            enable_checkpointing(m, CheckpointPlan.from_spec(m, list(spec) if isinstance(spec, tuple) else spec,
+                                                             layers), mode)
+            enable_loss_checkpointing(m, own_loss if loss is None else loss)
+            return m
+
+        yield install
 
 
 def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE, half: bool = False,

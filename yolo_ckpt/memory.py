@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
 
 __all__ = ["LiveTensorTracker", "cuda_reset_peak", "cuda_peaks", "reset_rss_peak", "rss_peak", "GB"]
 
@@ -57,6 +58,13 @@ def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
+
+
+def _op_flops(func: Any, args: Any, kwargs: dict, out: Any) -> int:
+    """Convolution/matmul FLOPs of one ATen op by torch's own formulas (``flop_registry``, the ones
+    ``torch.utils.flop_counter.FlopCounterMode`` sums); 0 for every other op."""
+    count = flop_registry.get(getattr(func, "_overloadpacket", None))
+    return 0 if count is None else count(*args, **kwargs, out_val=out)
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -92,10 +100,14 @@ class LiveTensorTracker(TorchDispatchMode):
     DataLoader worker processes), growth of a storage via
     ``UntypedStorage.resize_`` called directly, and meta/sparse tensors.
 
+    With ``flops=True`` it also sums every op's convolution/matmul FLOPs (``_op_flops``): planning wants both
+    figures of one step, and a second dispatch mode around the same step would cost as much Python per op again.
+
     Attributes:
         current: Bytes of tracked storages alive now.
         peak: High-water mark of ``current`` since start or the last :meth:`reset_peak`.
         num_ops: Number of ops observed (0 means nothing was measured).
+        flops: FLOPs counted so far (``flops=True`` only; 0 otherwise).
 
     Examples:
         >>> import torch
@@ -118,11 +130,13 @@ class LiveTensorTracker(TorchDispatchMode):
         per-epoch peak.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, flops: bool = False) -> None:
         super().__init__()
         self.current: int = 0
         self.peak: int = 0
         self.num_ops: int = 0
+        self.flops: int = 0
+        self._count_flops = flops
         # StorageImpl address -> [counted nbytes, weakref to the storage PyObject].
         self._live: dict[int, list[Any]] = {}
         self._depth: int = 0
@@ -202,6 +216,8 @@ class LiveTensorTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.num_ops += 1
+        if self._count_flops:
+            self.flops += _op_flops(func, args, kwargs, out)
 
         live = self._live
         input_keys: set[int] | None = None

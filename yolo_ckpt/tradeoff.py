@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -29,7 +30,16 @@ from torch import nn
 from .autobatch import parse_memory
 from .device import device_memory
 from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
-from .measure import batch_bytes, grad_bytes, loop_bytes, planned_copy, state_bytes, training_batch, weight_bytes
+from .measure import (
+    batch_bytes,
+    copy_for_plans,
+    grad_bytes,
+    loop_bytes,
+    planned_copy,
+    state_bytes,
+    training_batch,
+    weight_bytes,
+)
 from .memory import LiveTensorTracker
 from .planner import HEAD, Candidate, Costs, candidates, choose_plan, describe, no_recompute, unit_costs
 from .plots import axes, legend_points
@@ -73,9 +83,10 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
                        repeats: int = 1, costs: Costs | None = None, measured: dict | None = None,
                        also: tuple = ()) -> list[dict]:
     """Every candidate plan of ``checkpoint_stages=auto`` in one mode for all its units, and the plans ``also``
-    (``Candidate``s: auto's choice with a mode per unit), measured at ``batch`` and ``imgsz`` on copies of the model,
-    one copy at a time, each step within what the device has free (``fitting.fitting_step``). Plans with a mode per
-    unit are not all measured: there are ``3**n - 1`` of them for ``n`` units.
+    (``Candidate``s: auto's choice with a mode per unit), measured at ``batch`` and ``imgsz`` on one copy of the
+    model, each plan installed in turn (``measure.copy_for_plans``; on a device a copy per plan), each step within
+    what the device has free (``fitting.fitting_step``). Plans with a mode per unit are not all measured: there are
+    ``3**n - 1`` of them for ``n`` units.
 
     ``costs`` are the model's ``unit_costs`` when already measured. ``measured`` is filled as ``choose_plan`` fills
     it, so that choosing afterwards measures nothing again — only without a device limit: on a device these steps are
@@ -94,12 +105,17 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     share = measured is not None and device_memory(next(model.parameters()).device) is None
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
     rows: list[dict] = []
-    for c in [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch, fixed),
-              *also]:
-        fit = plan_step(model, c.spec, imgsz, batch, amp)
-        if share:
-            measured[(*c.key, batch)] = fit.step_bytes
-        rows.append(_row(c, fit))
+    unbounded = device_memory(next(model.parameters()).device) is None
+    # without a device limit one copy, each plan installed in turn; on a device a copy per plan, freed with whatever
+    # a step that ran out left on it (one shared copy passed a simulated device's limit: tests/test_tradeoff.py)
+    with copy_for_plans(model) if unbounded else nullcontext() as install:
+        for c in [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch,
+                                                                 fixed), *also]:
+            fit = fitting_step(install(*c.spec), imgsz, batch, amp) if unbounded else \
+                plan_step(model, c.spec, imgsz, batch, amp)
+            if share:
+                measured[(*c.key, batch)] = fit.step_bytes
+            rows.append(_row(c, fit))
     _ratios(rows)
     pareto(rows)
     front = [r for r in rows if r["pareto"]]
