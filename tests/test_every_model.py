@@ -5,9 +5,14 @@ Every planning path (``profile``, ``auto``, AutoBatch, escalation, the validator
 ``measure.training_batch``; a key a loss reads and that batch lacks (the YOLO26 segmentation loss's ``sem_masks``
 once) ended them all in a ``KeyError``. Here each model's planning step and the plan that keeps the least are
 measured as planning measures them and against a fresh exact tracker around the model's own loss
-(``support.measured_step``). The paths themselves, for every model, are ``benchmarks/every_model.py`` (40 minutes
-of CPU: more than CI has).
+(``support.measured_step``). Then every planning path itself, for every model, as ``benchmarks/every_model.py``
+runs it: ``profile`` (the task inferred from the model), ``auto`` at a fixed batch, escalation from vanilla, AutoBatch
+with ``auto`` and the validator's batch, each choice measured again by a fresh exact tracker around the model's own
+loss.
 """
+
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,11 +21,10 @@ from yolo_ckpt.planner import deepest
 
 from support import measured_step
 
-MODELS = [  # Ultralytics' default model of every task (8.4.190: yolo26), the yolo11 ones yolo-ckpt defaults to
-    # where their heads differ, and RT-DETR
-    "yolo26n.yaml", "yolo26n-seg.yaml", "yolo26n-pose.yaml", "yolo26n-obb.yaml", "yolo26n-cls.yaml",
-    "yolo26n-sem.yaml", "yolo26n-depth.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml", "rtdetr-l.yaml",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import every_model  # noqa: E402  the benchmark's own paths and claims, not a copy of them
+
+MODELS = every_model.MODELS  # Ultralytics' default model of every task, the yolo11 ones where heads differ, RT-DETR
 IMGSZ, BATCH, OBJECTS = 64, 2, 4
 
 
@@ -36,3 +40,15 @@ def test_the_planning_batch_carries_every_key_the_loss_reads(name):
     assert measured_step(m, IMGSZ, BATCH, OBJECTS) < fresh
     # the validator's forward and loss in eval mode (its batch, twice the training batch, counted: more than one image)
     assert validation_bytes(model, IMGSZ, 2 * BATCH, OBJECTS) > validation_bytes(model, IMGSZ, 1, OBJECTS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_planning_path_plans_the_model(name):
+    """Each path's claim (``every_model.check``), against a fresh exact tracker: ``profile`` measured the model's
+    standard plans and every one fit; the plan that keeps the least keeps less than vanilla; ``auto`` chose a plan with
+    regions whose step fits its target; escalation from vanilla keeps less; AutoBatch with ``auto`` chose a plan and
+    a batch whose step and loop batches fit a share vanilla's batch 1 does not; validation counts its batch."""
+    rows = every_model.check(name, IMGSZ, BATCH)
+    assert [path for path, _, _ in rows] == ["profile", "least-keeping plan", "auto (fixed batch)",
+                                             "escalation from vanilla", "AutoBatch with auto", "validation"]
+    assert all(ok for _, ok, _ in rows), rows
