@@ -23,7 +23,15 @@ from pathlib import Path
 
 from yolo_ckpt.cli import profile
 from yolo_ckpt.escalation import next_plan
-from yolo_ckpt.measure import build_model, loop_bytes, state_bytes, training_batch, validation_bytes, with_plan
+from yolo_ckpt.measure import (
+    OBJECTS_PER_IMAGE,
+    build_model,
+    loop_bytes,
+    state_bytes,
+    training_batch,
+    validation_bytes,
+    with_plan,
+)
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.planner import choose_plan, choose_plan_and_batch, deepest, unit_costs
 from yolo_ckpt.profiler import standard_plans
@@ -33,7 +41,7 @@ MODELS = [  # Ultralytics' default model of every task (8.4.190: yolo26), the yo
     "yolo26n.yaml", "yolo26n-seg.yaml", "yolo26n-pose.yaml", "yolo26n-obb.yaml", "yolo26n-cls.yaml",
     "yolo26n-sem.yaml", "yolo26n-depth.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml", "rtdetr-l.yaml",
 ]
-OBJECTS = 4
+OBJECTS = OBJECTS_PER_IMAGE  # as profile measures: its unit costs are the ones every path below plans with
 
 
 def fresh_step(model, plan: dict | None, imgsz: int, batch: int) -> int:
@@ -52,15 +60,15 @@ def fresh_step(model, plan: dict | None, imgsz: int, batch: int) -> int:
 def check(name: str, imgsz: int, batch: int) -> list[tuple[str, bool, str]]:
     """Each planning path on ``name``: (path, passed, what it found)."""
     model, out = build_model(name), []
+    costs = unit_costs(model, imgsz, OBJECTS)  # measured once: profile's tradeoffs and every plan below use them
     with tempfile.TemporaryDirectory() as tmp:
-        profile([f"model={name}", f"imgsz={imgsz}", "batch=1", f"project={tmp}", "name=p"])
+        profile([f"model={name}", f"imgsz={imgsz}", "batch=1", f"project={tmp}", "name=p"], costs=costs)
         saved = json.loads((Path(tmp) / "p" / "profile.json").read_text())
     ok = [r["plan"] for r in saved["plans"]] == list(standard_plans(model)) and all(r["fits"] for r in saved["plans"])
     out.append(("profile", ok, f"{len(saved['plans'])} plans, task {saved.get('task', model.args.task)}"))
 
     vanilla, least = fresh_step(model, None, imgsz, batch), fresh_step(model, deepest(model), imgsz, batch)
     out.append(("least-keeping plan", least < vanilla, f"{least / 2**20:.1f} of vanilla's {vanilla / 2**20:.1f} MiB"))
-    costs = unit_costs(model, imgsz, OBJECTS)
     target = (least + vanilla) // 2
     choice = choose_plan(model, imgsz, batch, target, OBJECTS, costs=costs)
     got = fresh_step(model, choice.candidate.settings, imgsz, batch)

@@ -27,7 +27,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ultralytics.cfg import (
     MODES,
@@ -40,6 +40,9 @@ from ultralytics.cfg import (
 from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
 
 from .loss import LOSS_HELP
+
+if TYPE_CHECKING:  # the planner imports torch, which the CLI's help and errors need not wait for
+    from .planner import Costs
 
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
 
@@ -283,12 +286,16 @@ def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
     return amp, cfg.channels_last is True or (cfg.channels_last is None and not WINDOWS)
 
 
-def profile(args: list[str]) -> list[Path]:
+def profile(args: list[str], costs: Costs | None = None) -> list[Path]:
     """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed.
 
     With ``simulate_gpu=SIZE`` (CPU only, as in ``train``) the whole profile, the model built included, runs on a
     ``SimulatedDevice`` of that size; there and on CUDA a plan whose step does not fit the device is reported with
     ``fits`` false and no figures.
+
+    ``costs`` (from Python only): the model's ``planner.unit_costs`` at this ``imgsz`` on this device, with
+    ``measure.OBJECTS_PER_IMAGE`` objects, when the caller has already measured them (``benchmarks/every_model.py``
+    plans with the same costs afterwards); otherwise the profile measures them.
     """
     from ultralytics.cfg import get_save_dir
     from ultralytics.utils import colorstr
@@ -312,7 +319,7 @@ def profile(args: list[str]) -> list[Path]:
             gpu.track([*model.parameters(), *model.buffers()])
             LOGGER.info(f"{colorstr('profile:')} simulate_gpu={cfg.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device "
                         f"on CPU, {gpu.counts}")
-        stages, plans, extra, batch = _profile_tables(model, cfg, amp)
+        stages, plans, extra, batch = _profile_tables(model, cfg, amp, costs)
         if cfg.simulate_gpu is not None:
             extra["notes"].append(f"the simulated device peaked at {gpu.max_memory_allocated() / 2**20:.1f} MiB of "
                                   f"{gpu.limit / 2**20:.1f} MiB")
@@ -344,7 +351,8 @@ def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
     return (model.to(memory_format=torch.channels_last) if channels_last else model), amp
 
 
-def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any) -> tuple[list[dict], list[dict], dict, int]:
+def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any,
+                    costs: Costs | None = None) -> tuple[list[dict], list[dict], dict, int]:
     """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)``."""
     from .profiler import compare_plans, profile_stages, standard_plans
     from .stages import word
@@ -362,4 +370,4 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any) -> tuple[list[di
     stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
     plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
-    return stages, plans, tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp), batch
+    return stages, plans, tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp, costs=costs), batch
