@@ -232,3 +232,19 @@ def test_the_least_keeping_plan_escalates_the_loss_before_the_batch_halves(tmp_p
     assert_same_run(runs["fresh"][1], esc)
     twice, _, lines = runs["twice"]
     assert twice.batch_size == ARGS["batch"] // 2 and len(lines) == 1, lines
+
+
+def test_validation_after_an_escalation_fits_the_device_that_ran_out(detect_data, tmp_path):
+    """At 192 px on 0.6x of vanilla's epoch peak, [2, 3] runs out, escalates and trains at batch 4; Ultralytics then
+    validates at twice that batch, which ran out of this device (benchmarks/gpu_check.py's escalation at 192 px,
+    2026-12-04). The validator's batch is planned for the device the escalation met, and the run ends whole."""
+    size = {"imgsz": 192}
+    _, plain = run(detect_data, tmp_path, "plain", checkpoint_stages=[], simulate_gpu="64GB", **size)
+    device = int(0.6 * float(results(plain)[0]["mem/peak_tensor_GB"]) * 2**30)
+    with escalations_logged() as plans:
+        trainer, esc = run(detect_data, tmp_path, "escalated", checkpoint_stages=[2, 3], simulate_gpu=f"{device}B",
+                           **size)
+    assert plans and trainer.batch_size == ARGS["batch"], plans  # escalated, not halved
+    assert trainer.val_batch is not None and trainer.val_batch < 2 * ARGS["batch"], trainer.val_batch
+    assert trainer.test_loader.batch_size == trainer.val_batch
+    assert len(results(esc)) == ARGS["epochs"] and (esc / "weights" / "best.pt").exists()

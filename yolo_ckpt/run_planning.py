@@ -563,6 +563,7 @@ def escalate_plan(trainer: Any) -> None:
         LOGGER.warning(f"{PREFIX} out of memory at batch {trainer.batch_size} with {now}, the plan that keeps the "
                        f"least: escalated to checkpoint_loss={loss} (each image's mask loss recomputed, bit for bit) "
                        f"at the same batch instead of halving it")
+        replan_validation(trainer, model, None)
         return
     imgsz = planning_imgsz(trainer)
     amp = autocast_dtype(trainer)
@@ -586,3 +587,29 @@ def escalate_plan(trainer: Any) -> None:
     LOGGER.warning(f"{PREFIX} out of memory at batch {trainer.batch_size} with "
                    f"{before.describe(old['checkpoint_mode'] or 'full')}: escalated to "
                    f"{plan.describe(settings['checkpoint_mode'])} at the same batch instead of halving it ({how})")
+    replan_validation(trainer, model, measured)
+
+
+def replan_validation(trainer: Any, model: nn.Module, step: int | None) -> None:
+    """After an escalation, the validator's batch for the device that ran out: Ultralytics validates at twice the
+    batch that escalation kept (the halving it replaced would have halved that too), and on a device nothing planned
+    for (no ``memory_target``), or one that held less than it said, that validation ran out where training fit
+    (``benchmarks/gpu_check.py``'s escalation at 192 px, 2026-12-04). Planned as ``auto`` plans it, within the
+    device's usable memory (and the run's target, if any); ``step``: the escalated plan's measured step, if any."""
+    dev = device_memory(trainer.device)
+    if dev is None:  # nothing bounds validation
+        return
+    target = dev.tensor_bytes(dev.usable)
+    target = target if trainer.memory_target is None else min(target, trainer.memory_target)
+    imgsz, n, batch = planning_imgsz(trainer), objects(trainer), trainer.batch_size
+    held = batch_bytes(model, imgsz, batch, n) + loop_bytes(model, imgsz, batch, n)
+    with random_state_kept(trainer.device):
+        try:
+            val_batch, line = plan_validation(trainer, model, batch, target, held, step or 0)
+        except CheckpointConfigError as e:  # training fits: validation at Ultralytics' batch is the user's to lower
+            LOGGER.warning(f"{PREFIX} after escalation: {e}")
+            return
+    if val_batch is not None:
+        trainer.val_batch = val_batch
+        validate_at_planned_batch(trainer)
+    LOGGER.info(f"{PREFIX} after escalation: {line}")
