@@ -605,7 +605,8 @@ def replan_validation(trainer: Any, model: nn.Module, step: int | None) -> None:
     held = batch_bytes(model, imgsz, batch, n) + loop_bytes(model, imgsz, batch, n)
     with random_state_kept(trainer.device):
         try:
-            val_batch, line = plan_validation(trainer, model, batch, target, held, step or 0)
+            # an unmeasured step claims no peak: what validation measures plus ``held`` stays within ``target``
+            val_batch, line = plan_validation(trainer, model, batch, target, held, target if step is None else step)
         except CheckpointConfigError as e:  # training fits: validation at Ultralytics' batch is the user's to lower
             LOGGER.warning(f"{PREFIX} after escalation: {e}")
             return
