@@ -8,7 +8,6 @@ The reference is the plain model (no yolo-ckpt) for gradients and buffers, and f
 
 import pickle
 from copy import deepcopy
-from unittest import mock
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from ultralytics.utils import YAML
 from yolo_ckpt import CheckpointPlan, disable_checkpointing, enable_checkpointing
 from yolo_ckpt.measure import build_model, step_loss, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.stages import CheckpointConfigError, model_parts, parts_known
+from yolo_ckpt.stages import CheckpointConfigError, model_parts
 
 from support import RTDETR_TINY, SMALL, assert_exact_and_recomputed, assert_same_training, one_step, train_pair
 
@@ -44,19 +43,6 @@ def test_parts_are_what_the_forward_calls(yolo11n):
     assert detect["cv2.0"] == ("cv2.0.0", "cv2.0.1", "cv2.0.2") and detect["cv3.0.0"] == ("cv3.0.0.0", "cv3.0.0.1")
     c3 = model_parts("yolov5n.yaml")[2]  # C3: cv3(cat(m(cv1(x)), cv2(x))), m a Sequential of Bottlenecks
     assert c3[""] == ("cv1", "m", "cv2", "cv3") and c3["m"] == ("m.0",)
-
-
-def test_plans_inside_parts_known_resolve_alike_from_one_dry_run(yolo11n):
-    """What planning resolves plan after plan on one copy: each plan equals the plan resolved on its own, and the
-    parts' dry run (``model_parts``) runs once for the block."""
-    specs = [([], ["2.cv1"]), ([2], ["23.*:selective"]), ([], ["4.*", "23.cv2.0"]), ([3], None)]
-    alone = [CheckpointPlan.from_spec(yolo11n, *spec) for spec in specs]
-    with mock.patch("yolo_ckpt.stages.model_parts", wraps=model_parts) as dry_run:
-        with parts_known(yolo11n):
-            inside = [CheckpointPlan.from_spec(yolo11n, *spec) for spec in specs]
-        assert dry_run.call_count == 1 and inside == alone
-        CheckpointPlan.from_spec(yolo11n, *specs[0])  # after the block: a dry run of its own again
-        assert dry_run.call_count == 2
 
 
 @pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml", "yolo11n-obb.yaml",

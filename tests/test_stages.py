@@ -3,17 +3,19 @@
 import re
 from copy import deepcopy
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 import ultralytics
 from ultralytics.nn.tasks import ClassificationModel, DetectionModel
 
-from yolo_ckpt import enable_checkpointing
+from yolo_ckpt import enable_checkpointing, stages
 from yolo_ckpt.stages import (
     CheckpointConfigError,
     CheckpointPlan,
     Span,
+    backbone_stages,
     head_layers,
     model_stages,
     parse_layer_spec,
@@ -71,14 +73,47 @@ def test_built_model_and_task_heads_agree():
     model = DetectionModel("yolo11n.yaml", verbose=False)
     assert model_stages(model) == model_stages("yolo11n.yaml") == model_stages("yolo11n-obb.yaml")
     assert model_stages(model)[5] == (7, 8, 9, 10)  # Conv, C3k2, SPPF, C2PSA
+    backbone_stages(model.model, model.yaml)  # the dry run itself (``model_stages`` may find it already done)
     assert all(m.training for m in model.modules())  # the dry run leaves train mode as it found it
 
 
 def test_dry_run_leaves_batchnorm_untouched():
     model = DetectionModel("yolov8n.yaml", verbose=False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    model_stages(model)
+    backbone_stages(model.model, model.yaml)
     assert all((before[k] == v).all() for k, v in model.state_dict().items())
+
+
+def test_dry_runs_run_once_per_architecture(monkeypatch):
+    """Plans resolved on copies of a model, with other plans installed meanwhile (as planning resolves them), equal
+    the plans resolved with every dry run run afresh, and each dry run (stages, head, parts) runs once for the
+    architecture; another architecture (yolov8n) runs its own; at most
+    ``FOUND_KEPT`` are remembered."""
+    specs = [([2, 3], None), ("all", "head"), ([], ["2.cv1", "6.*:selective"]), ([3], ["8.*"]), ("all", "head")]
+    n, s = DetectionModel("yolo11n.yaml", verbose=False), DetectionModel("yolov8n.yaml", verbose=False)
+
+    def fresh(model, spec):
+        stages._FOUND.clear()
+        return CheckpointPlan.from_spec(model, *spec)
+
+    alone = {name: [fresh(model, spec) for spec in specs] for name, model in (("n", n), ("s", s))}
+    assert alone["n"] != alone["s"]  # not one architecture's answer for both
+    stages._FOUND.clear()
+    runs = {f: mock.patch.object(stages, f, wraps=getattr(stages, f)) for f in
+            ("backbone_stages", "head_layers", "model_parts")}
+    with runs["backbone_stages"] as backbone, runs["head_layers"] as head, runs["model_parts"] as parts:
+        for name, model in (("n", n), ("s", s)):
+            copy = deepcopy(model)
+            for spec, expected in zip(specs, alone[name]):
+                plan = CheckpointPlan.from_spec(deepcopy(model), *spec)
+                enable_checkpointing(copy, CheckpointPlan.from_spec(copy, *spec))  # one copy, plan after plan
+                assert plan == expected
+        assert backbone.call_count == head.call_count == parts.call_count == 2  # once per architecture
+        monkeypatch.setattr(stages, "FOUND_KEPT", 1)
+        CheckpointPlan.from_spec(ClassificationModel("yolo11n-cls.yaml", verbose=False), "all")
+        assert len(stages._FOUND) == 1 and backbone.call_count == 3
+        CheckpointPlan.from_spec(n, "all")  # forgotten: found again
+        assert len(stages._FOUND) == 1 and backbone.call_count == 4
 
 
 @pytest.mark.parametrize(

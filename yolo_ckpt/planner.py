@@ -78,7 +78,7 @@ from .measure import (
 from .memory import LiveTensorTracker
 from .model import enable_checkpointing
 from .recompute import MODES
-from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages, parts_known
+from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages
 
 LOSS = "loss"  # the loss plan as a unit (``Costs.loss``): after the head, its backward first
 HEAD = "head"  # the unit of the model's last layer (Detect, Segment, Classify, RTDETRDecoder, ...)
@@ -553,7 +553,7 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     probes = [(None, "full"), *((u, k) for u in units for k in UNIT_MODES if k in MODES or where[u].nests),
               *((LOSS, k) for k in loss_modes)]
     base = "none" if loss_modes else None  # the loss the network's probes run
-    with planned_copy(model, [], loss=base) as m, parts_known(m):
+    with planned_copy(model, [], loss=base) as m:
         criterion = getattr(m, "criterion", None)  # the loss a first step makes, as it had it (its bytes count)
         for unit, mode in probes:
             m.criterion = criterion

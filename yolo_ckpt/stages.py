@@ -18,12 +18,12 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from torch import nn
 DRY_RUN_SIZE = 256  # input side for the stride dry run; a multiple of every stride up to P8
 NO_STAGES_HINT = ("Valid for this model: checkpoint_layers=[first, last] ranges of layer indices (checkpoint_stages "
                   "and checkpoint_layers=head need stages).")
+T = TypeVar("T")
 STRIDE_TOLERANCE = 0.25  # in log2: a layer's output side may be off a power-of-two stride by a padding pixel
 
 
@@ -299,7 +300,7 @@ def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int], set[int]
     that read only the previous layer, so a region may run through them without a second input."""
     layers, save, cfg, name = _built(model)
     chained = {m.i for m in layers if m.f == -1}
-    return backbone_stages(layers, cfg, name=name), set(save), chained
+    return _by_architecture("stages", layers, cfg, lambda: backbone_stages(layers, cfg, name=name)), set(save), chained
 
 
 def layer_inputs(m: nn.Module) -> list[int]:
@@ -419,7 +420,9 @@ def _layer_regions(model: Any, spans: list[Span] | None, spec: Any,
     """Regions of ``checkpoint_layers``: the given items, or for ``head`` one per storing layer (``head_layers``)."""
     layers, _, cfg, name = _built(model)
     if spans is None:
-        return [Region((), (i,)) for i in head_layers(layers, cfg, first=max(stages[max(stages)]) + 1)]
+        first = max(stages[max(stages)]) + 1
+        return [Region((), (i,)) for i in _by_architecture("head", layers, cfg,
+                                                           lambda: head_layers(layers, cfg, first), first)]
     if bad := next((i for s in spans for i in (s.first, s.last) if i >= len(layers)), None):
         raise CheckpointConfigError(f"checkpoint_layers={_show(spec)}: {name} has no layer {bad}.",
                                     _layers_hint(model))
@@ -489,32 +492,32 @@ def part_container(part: str, tree: dict[str, tuple[str, ...]]) -> str:
     return next(c for c, children in tree.items() if part in children)
 
 
-_KNOWN: dict[int, dict | None] = {}  # by id: the models inside a ``parts_known`` block, their parts once found
+_FOUND: dict[tuple, Any] = {}  # the dry runs' findings by architecture (``_by_architecture``), oldest first
+FOUND_KEPT = 64  # architectures remembered at most: a planner sees one or two; a test session a few dozen
 
 
-@contextmanager
-def parts_known(model: nn.Module) -> Iterator[None]:
-    """Inside the block, ``model``'s plans resolve their parts from one dry run (``model_parts``), not one each: for
-    a planner installing plan after plan on one copy, whose layers do not change meanwhile.
+def _by_architecture(what: str, layers: nn.Sequential, cfg: dict | None, find: Callable[[], T], *args: Any) -> T:
+    """``find()``, a dry run's finding about ``layers`` (stages, parts, the head's regions), run once per architecture.
 
-    Examples:
-        >>> with parts_known(m):
-        ...     plans = [CheckpointPlan.from_spec(m, [], [f"{i}.*"]) for i in (2, 4, 6)]  # one dry run
+    A planner resolves hundreds of plans on copies of one model (a copy per plan, or one copy with plan after plan
+    installed), and each resolution repeated the dry runs: for rtdetr-l a forward at ``DRY_RUN_SIZE`` of 0.2-0.5 s
+    each, a fifth of a profile. What they find depends on the architecture only, never on weights, statistics, dtype
+    or device: the modules with their hyperparameters (``repr``), how the layers connect (``i``, ``f``) and the YAML
+    (its ``backbone`` length). That is the key; a copy of a model, or a model built again from its YAML, finds the
+    same. Each call gets its own copy of the finding, so that no caller changes what the next one reads.
     """
-    _KNOWN[id(model)] = None
-    try:
-        yield
-    finally:
-        del _KNOWN[id(model)]
+    key = (what, repr(layers), tuple((m.i, repr(m.f)) for m in layers), repr(cfg), *args)
+    if key not in _FOUND:
+        while len(_FOUND) >= FOUND_KEPT:  # the oldest forgotten
+            del _FOUND[next(iter(_FOUND))]
+        _FOUND[key] = find()
+    return deepcopy(_FOUND[key])
 
 
 def _parts_of(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
-    """``model_parts(model)``, found once per ``parts_known`` block."""
-    if id(model) not in _KNOWN:
-        return model_parts(model)
-    if _KNOWN[id(model)] is None:
-        _KNOWN[id(model)] = model_parts(model)
-    return _KNOWN[id(model)]
+    """``model_parts(model)``, its dry run once per architecture."""
+    layers, _, cfg, _ = _built(model)
+    return _by_architecture("parts", layers, cfg, lambda: model_parts(model))
 
 
 def model_parts(model: Any) -> dict[int, dict[str, tuple[str, ...]]]:
