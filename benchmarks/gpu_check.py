@@ -47,7 +47,7 @@ section estimates in brackets.
 Without CUDA (``--quick`` on a CPU, as CI runs it) sections 1-2 are SKIPPED (section 1 after running the CUDA tests of
 test_memory.py, which skip or check CPU behaviour), section 3 plans for ``memory_budget=256MB`` (a CPU has no free
 memory to plan for) and reads exact tensor bytes for allocator peaks, and section 4 runs on
-``yolo_ckpt.device.SimulatedDevice`` at imgsz 256 batch 4 where the package has it (else SKIPPED), section 8 at
+``yolo_ckpt.device.SimulatedDevice`` at imgsz 192 batch 4 where the package has it (else SKIPPED), section 8 at
 imgsz 160 batch 4 with a share of 0.8x vanilla's step (there the model state is most of a step: at half, batch 1 of
 no plan fits) on ``yolo_ckpt.device.UntoldDevice`` (a limit planning is not told about).
 """
@@ -360,7 +360,7 @@ def escalation(quick: bool, device: str, share: float) -> Section:
     """Section 4: ``checkpoint_stages=[2,3]`` on a device of ``share`` x vanilla's first-epoch peak, same batch."""
     if device != "cuda" and simulated_device_class() is None:
         return Section("SKIPPED", "needs CUDA (set_per_process_memory_fraction) or yolo_ckpt.device.SimulatedDevice")
-    imgsz, batch = (256, 4) if quick else (1280, 8)  # quick: still activations, not model state, dominate
+    imgsz, batch = (192, 4) if quick else (1280, 8)  # quick: still activations, not model state, dominate
     size = {"fraction": batch} if quick else {}  # images: one batch per epoch
     with tempfile.TemporaryDirectory() as tmp:
         vanilla = train(Meter(device), False, "vanilla", Path(tmp), imgsz=imgsz, batch=batch, **size)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from ultralytics.utils import YAML
 
 from yolo_ckpt.measure import with_plan
@@ -14,6 +15,7 @@ from support import measured_step
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.heavy(1)
 def test_gpu_check_quick_writes_every_section(tmp_path):
     """The one-shot GPU check, in its quick form on this machine: every section runs, lands in the report with its
     verdict, and none fails (the CUDA-only ones are skipped)."""

@@ -102,6 +102,7 @@ def tiny_yaml(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.mark.heavy(2)
 def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(detect_data, tiny_yaml, tmp_path):
     """``compile=True`` through Ultralytics (inductor): bit for bit the compiled vanilla run, measured by RSS; the
     checkpointed run recomputes every stage with a single part nested in stage 2's region (C3k2's ``cv1``) and one

@@ -52,6 +52,7 @@ def run(data, project, name, **ours):
     return model.trainer, Path(model.trainer.save_dir)
 
 
+@pytest.mark.heavy(3)
 def test_oom_escalates_the_plan_at_the_same_batch_and_trains_as_a_fresh_run(detect_data, tmp_path):
     # the device: 0.6x of what vanilla training peaks at on a device (exact tensor bytes, model and optimizer included);
     # at 320 px [2, 3] runs out in the first step, and a plan keeping less fits (at 160 px it ran out in the second,

@@ -42,7 +42,9 @@ def test_the_planning_batch_carries_every_key_the_loss_reads(name):
     assert validation_bytes(model, IMGSZ, 2 * BATCH, OBJECTS) > validation_bytes(model, IMGSZ, 1, OBJECTS)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.heavy(3)
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.heavy(1)) if m.startswith("rtdetr") else m
+                                  for m in MODELS])  # RT-DETR's 32M parameters: three minutes, the longest test
 def test_every_planning_path_plans_the_model(name):
     """Each path's claim (``every_model.check``), against a fresh exact tracker: ``profile`` measured the model's
     standard plans and every one fit; the plan that keeps the least keeps less than vanilla; ``auto`` chose a plan with

@@ -181,19 +181,6 @@ def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):
         assert r["output_shape"] in (None, expected["output_shape"])
 
 
-def test_profile_infers_the_task_from_the_model_as_train_does(tmp_path):
-    """A segment model without ``task=``: profiled as segment (it was refused as 'task=detect', Ultralytics' default),
-    its planning steps carrying the masks the segment loss reads."""
-    cfg = tmp_path / "mini-seg.yaml"
-    cfg.write_text(yaml.safe_dump({**MINI, "head": [*MINI["head"][:-1], [[2, 3], 1, "Segment", ["nc", 8, 16]]]},
-                                  sort_keys=False))
-    out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", f"model={cfg}", "imgsz=64", "batch=1",
-                          f"project={tmp_path}", "name=p"], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    saved = json.loads((tmp_path / "p" / "profile.json").read_text())
-    assert [r["plan"] for r in saved["plans"]] == list(standard_plans(build_model(str(cfg))))
-
-
 def test_profile_measures_the_loss_plan(tmp_path, monkeypatch):
     """``checkpoint_loss=exact``: the loss plan alone and with the whole network are rows of their own, each the step
     an independent copy with that plan measures; every other row keeps Ultralytics' loss."""
