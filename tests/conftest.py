@@ -14,11 +14,53 @@ from yolo_ckpt import planner
 planner.TIMED_STEPS = 1
 
 
+TEST_IMAGE_SIDE = 512  # px: above every size the suite trains the embedded sets at (64-480)
+
+
 @pytest.fixture(scope="session")
-def detect_data() -> str:
+def small_data(tmp_path_factory):
+    """``small_data(task)``: the embedded set of a task whose labels are text (detect, segment, pose, obb), its 1024 px
+    tiles downscaled to ``TEST_IMAGE_SIDE`` in a copy of the worker's own, the labels (normalised) as they are; any
+    other task's set as it is (semantic and depth read pixel-sized masks and maps).
+
+    Ultralytics resizes every tile to the run's ``imgsz`` as it loads it, so the runs see images of the same size;
+    decoding a 1024 px PNG took 21 ms (2026's CPU), a sixth of a small training run, and 4 ms at 512 px. The sets
+    themselves are tested at full size in ``test_synthetic.py``."""
+    import shutil
+
+    import cv2
+
     from yolo_ckpt.synthetic import synthetic_dataset
 
-    return str(synthetic_dataset("detect"))
+    made: dict[str, str] = {}
+
+    def small(task: str) -> str:
+        if task not in ("detect", "segment", "pose", "obb"):
+            return str(synthetic_dataset(task))
+        if task not in made:
+            src, root = synthetic_dataset(task).parent, tmp_path_factory.mktemp(task)
+            for split in ("train", "val"):
+                (root / "images" / split).mkdir(parents=True)
+                for f in sorted((src / "images" / split).glob("*.png")):
+                    image = cv2.imread(str(f))
+                    scale = TEST_IMAGE_SIDE / max(image.shape[:2])
+                    size = (round(image.shape[1] * scale), round(image.shape[0] * scale))
+                    cv2.imwrite(str(root / "images" / split / f.name), cv2.resize(image, size,
+                                                                                 interpolation=cv2.INTER_AREA))
+                shutil.copytree(src / "labels" / split, root / "labels" / split)
+            text = (src / "data.yaml").read_text().replace(f"path: {src}\n", f"path: {root}\n")
+            assert f"path: {root}\n" in text, text
+            (root / "data.yaml").write_text(text)
+            made[task] = str(root / "data.yaml")
+        return made[task]
+
+    return small
+
+
+@pytest.fixture(scope="session")
+def detect_data(small_data) -> str:
+    """The embedded detection set (``synthetic_hr``), at ``TEST_IMAGE_SIDE`` (``small_data``)."""
+    return small_data("detect")
 
 
 @pytest.fixture(scope="module")

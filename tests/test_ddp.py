@@ -124,13 +124,11 @@ def test_two_process_ddp_auto_plans_once_and_matches_plain_ddp(gloo_runs):
     assert 0 < float(results(gloo_runs["auto"])[0]["mem/peak_tensor_GB"]) * 2**30 <= 0.6 * device
 
 
-def test_two_process_ddp_exact_loss_matches_plain_ddp(tmp_path):
+def test_two_process_ddp_exact_loss_matches_plain_ddp(tmp_path, small_data):
     """Instance segmentation in two-process DDP, the whole backbone and each image's mask loss recomputed
     (``checkpoint_loss=exact``): each worker ran every mask loss twice and recomputed the backbone, and the run is
     plain DDP's bit for bit on both ranks."""
-    from yolo_ckpt.synthetic import synthetic_dataset
-
-    data = str(synthetic_dataset("segment"))
+    data = small_data("segment")
     for name, trainer, extra in (("vanilla", VanillaSegGloo, {}),
                                  ("ckpt", CkptSegGloo, {"checkpoint_stages": "all", "checkpoint_loss": "exact"})):
         model = ultralytics.YOLO("yolo11n-seg.yaml")

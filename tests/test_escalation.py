@@ -207,15 +207,13 @@ def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_pa
                            chosen["checkpoint_layers"] or None)  # layers by their forwards, parts by convolutions
 
 
-def test_the_least_keeping_plan_escalates_the_loss_before_the_batch_halves(tmp_path):
+def test_the_least_keeping_plan_escalates_the_loss_before_the_batch_halves(tmp_path, small_data):
     """Instance segmentation with the layer plan that keeps the least: the first out-of-memory error escalates to
     ``checkpoint_loss=exact`` at the same batch (bit for bit, so the run is a fresh run with it from the start); a
     second one, with nothing left to escalate, halves the batch."""
-    from yolo_ckpt.synthetic import synthetic_dataset
-
     from support import CkptSegOOMOnce, CkptSegOOMTwice
 
-    data = str(synthetic_dataset("segment"))
+    data = small_data("segment")
     least = deepest(build_model("yolo11n-seg.yaml"))
     runs = {}
     for name, trainer, ours in (("once", CkptSegOOMOnce, {}), ("twice", CkptSegOOMTwice, {}),

@@ -247,16 +247,15 @@ def test_exact_trains_bit_for_bit_on_the_dense_set(tmp_path, counted):
     assert_same_run(vanilla, ckpt)
 
 
-def test_exact_through_ultralytics_out_of_memory_retry(tmp_path, counted):
+def test_exact_through_ultralytics_out_of_memory_retry(tmp_path, counted, small_data):
     """A run recomputing only its loss has no layer plan to escalate: Ultralytics' retry halves the batch, rebuilds
     the loaders and restarts the epoch, and the run is vanilla's under the same retry, bit for bit, each image's mask
     loss still run twice."""
     from yolo_ckpt import YOLO
-    from yolo_ckpt.synthetic import synthetic_dataset
 
     from support import CkptSegOOMOnce, VanillaSegOOMOnce, add_counting
 
-    data = str(synthetic_dataset("segment"))
+    data = small_data("segment")
     runs = []
     for name, trainer, model, ours in (("vanilla", VanillaSegOOMOnce, ultralytics.YOLO, {}),
                                        ("ckpt", CkptSegOOMOnce, YOLO, {"checkpoint_loss": "exact"})):
@@ -273,7 +272,7 @@ def test_exact_through_ultralytics_out_of_memory_retry(tmp_path, counted):
     assert_same_run(vanilla, ckpt)
 
 
-def test_auto_may_choose_no_loss_plan_where_chunked_was_allowed(tmp_path, counted):
+def test_auto_may_choose_no_loss_plan_where_chunked_was_allowed(tmp_path, counted, small_data):
     """``checkpoint_loss=chunked`` with ``auto`` allows the loss plan without imposing it: where vanilla fits the
     budget, ``auto`` chooses nothing recomputed, the loss Ultralytics' own: args.yaml and best.pt say
     ``checkpoint_loss=none``, each image's mask loss ran once per training step (planning's probes before the first
@@ -282,12 +281,11 @@ def test_auto_may_choose_no_loss_plan_where_chunked_was_allowed(tmp_path, counte
     from ultralytics.utils.patches import torch_load
 
     from yolo_ckpt import YOLO
-    from yolo_ckpt.synthetic import synthetic_dataset
     from yolo_ckpt.trainer import saved_settings
 
     from support import add_counting
 
-    data = str(synthetic_dataset("segment"))
+    data = small_data("segment")
     runs, seen = [], {}
 
     def training_starts(trainer):  # the counts once planning is done
