@@ -286,7 +286,7 @@ def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
     return amp, cfg.channels_last is True or (cfg.channels_last is None and not WINDOWS)
 
 
-def profile(args: list[str], costs: Costs | None = None) -> list[Path]:
+def profile(args: list[str], costs: Costs | None = None, candidates: bool = True) -> list[Path]:
     """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed.
 
     With ``simulate_gpu=SIZE`` (CPU only, as in ``train``) the whole profile, the model built included, runs on a
@@ -295,7 +295,9 @@ def profile(args: list[str], costs: Costs | None = None) -> list[Path]:
 
     ``costs`` (from Python only): the model's ``planner.unit_costs`` at this ``imgsz`` on this device, with
     ``measure.OBJECTS_PER_IMAGE`` objects, when the caller has already measured them (``benchmarks/every_model.py``
-    plans with the same costs afterwards); otherwise the profile measures them.
+    plans with the same costs afterwards); otherwise the profile measures them. ``candidates=False`` (from Python
+    only): the stages and plans tables alone, without ``tradeoff.tradeoffs`` (every candidate plan measured, most of a
+    profile's time), for a caller that checks only those (``tests/test_every_model.py``).
     """
     from ultralytics.cfg import get_save_dir
     from ultralytics.utils import colorstr
@@ -319,18 +321,19 @@ def profile(args: list[str], costs: Costs | None = None) -> list[Path]:
             gpu.track([*model.parameters(), *model.buffers()])
             LOGGER.info(f"{colorstr('profile:')} simulate_gpu={cfg.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device "
                         f"on CPU, {gpu.counts}")
-        stages, plans, extra, batch = _profile_tables(model, cfg, amp, costs)
+        stages, plans, extra, batch = _profile_tables(model, cfg, amp, costs, candidates)
         if cfg.simulate_gpu is not None:
-            extra["notes"].append(f"the simulated device peaked at {gpu.max_memory_allocated() / 2**20:.1f} MiB of "
-                                  f"{gpu.limit / 2**20:.1f} MiB")
+            extra.setdefault("notes", []).append(f"the simulated device peaked at "
+                                                 f"{gpu.max_memory_allocated() / 2**20:.1f} MiB of "
+                                                 f"{gpu.limit / 2**20:.1f} MiB")
     LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
-    front = [r for r in extra["candidates"] if r["pareto"]]
-    for rows in (r for r in (stages, plans, front, extra["untouchable"]) if r):
+    front = [r for r in extra.get("candidates", []) if r["pareto"]]
+    for rows in (r for r in (stages, plans, front, extra.get("untouchable")) if r):
         keys = list({k: None for r in rows for k in r})  # every row's keys: auto's choice has one more
         LOGGER.info("  ".join(f"{k:>14}" for k in keys))
         for r in rows:  # a figure not measured (the step did not fit the device) shows as "-"
             LOGGER.info("  ".join(f"{'-' if r.get(k) is None else str(r[k]):>14}" for k in keys))
-    for line in extra["notes"]:
+    for line in extra.get("notes", []):
         LOGGER.info(f"{colorstr('profile:')} {line}")
     paths = write_profile(get_save_dir(cfg), stages, plans, extra)
     LOGGER.info(f"{colorstr('profile:')} results saved to {paths[0].parent}")
@@ -351,9 +354,10 @@ def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
     return (model.to(memory_format=torch.channels_last) if channels_last else model), amp
 
 
-def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any,
-                    costs: Costs | None = None) -> tuple[list[dict], list[dict], dict, int]:
-    """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)``."""
+def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | None = None,
+                    candidates: bool = True) -> tuple[list[dict], list[dict], dict, int]:
+    """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)`` (``candidates=False``: no tradeoffs,
+    ``{}``)."""
     from .profiler import compare_plans, profile_stages, standard_plans
     from .stages import word
     from .tradeoff import tradeoffs
@@ -369,5 +373,7 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any,
         plans[f"all + head, loss {loss}"] = ("all", "full", "head", loss)
     stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
     plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
+    if not candidates:
+        return stages, plans, {}, batch
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
     return stages, plans, tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp, costs=costs), batch
