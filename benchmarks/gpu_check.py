@@ -68,7 +68,7 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -409,9 +409,11 @@ def whole_run(quick: bool, device: str) -> Section:
     share = int(0.6 * budget)
     limit = int(1.05 * share)
     with tempfile.TemporaryDirectory() as tmp:
+        # on CPU the run's meter enters the untold device once the YOLO model is built, as a GPU holds none of the
+        # model the YOLO object keeps on the host while its trainer trains a copy of its own
         untold = None if device == "cuda" else UntoldDevice(limit)
         error, run = None, None
-        with memory_limit(device, limit) if device == "cuda" else untold:
+        with memory_limit(device, limit) if device == "cuda" else nullcontext():
             try:
                 with log_lines("validation", "auto chose", "out of memory", "escalated") as lines:
                     run = train(Meter(device, untold), True, "whole", Path(tmp), imgsz=imgsz, batch=batch,
