@@ -84,7 +84,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import ultralytics  # noqa: E402
 from ultralytics.utils import LOGGER, YAML  # noqa: E402
 
-from yolo_ckpt import YOLO  # noqa: E402
+from yolo_ckpt import YOLO, planner  # noqa: E402
 from yolo_ckpt.autobatch import plan_batch  # noqa: E402
 from yolo_ckpt.device import cuda_peak  # noqa: E402
 from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan  # noqa: E402
@@ -514,10 +514,13 @@ def run_section(section: Callable[[], Section | str], device: str) -> Section:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path, help="directory for gpu_check.md")
-    p.add_argument("--quick", action="store_true", help="small sizes, one repeat: checks the script, not the GPU")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, one repeat, one timed step per planning probe: checks the script, not the GPU")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--escalation-share", type=float, default=0.6, help="device memory as a share of vanilla's peak")
     a = p.parse_args()
+    if a.quick:
+        planner.TIMED_STEPS = 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "CPU"
     report = [f"# yolo-ckpt GPU check{' (quick)' if a.quick else ''}", "",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from copy import deepcopy
 from functools import partial
 from pathlib import Path
@@ -32,12 +34,24 @@ from yolo_ckpt import (
     SegmentationTrainer,
     disable_checkpointing,
     enable_checkpointing,
+    planner,
 )
 from yolo_ckpt.distributed import WORLD_KEY, DistributedMixin
 from yolo_ckpt.families import ultralytics_class
 from yolo_ckpt.measure import measure_peak, state_bytes, step_bytes, step_loss, training_batch
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.trainer import CKPT_CFG_DICT
+
+
+@contextmanager
+def timing(steps: int = 1) -> Iterator[None]:
+    """Planning inside the block times ``steps`` steps per probe, as users' runs do (``planner.TIMED_STEPS``)."""
+    before, planner.TIMED_STEPS = planner.TIMED_STEPS, steps
+    try:
+        yield
+    finally:
+        planner.TIMED_STEPS = before
+
 
 # A small YOLO11-style detector: four stages, seconds to train or compile on CPU.
 TINY = {

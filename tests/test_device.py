@@ -139,7 +139,7 @@ def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
         assert step_bytes(m, IMGSZ, batch) == choice.measured_bytes  # the measurement is a plain, unguarded step
 
 
-def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch):
+def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch, timed_planning):
     """Planning times each unit's batch-1 step on the device: on a device that holds them, every unit is timed and
     the whole measurement, the model included, stays on the device; on one too small for vanilla's batch-1 step, no
     step is ever timed and nothing passes the device. (MINI: four units, 20 unit steps.)"""

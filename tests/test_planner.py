@@ -46,6 +46,7 @@ from support import (
     assert_same_training,
     auto_budget,
     loop_batches,
+    timing,
     train_pair,
 )
 
@@ -88,7 +89,9 @@ def counted_flops(model, c: Candidate, imgsz: int) -> int:
 @pytest.fixture(scope="module")
 def exhaustive(small):
     """The plans of one mode for all units (62 on this model: every unit in every mode would be 19682) measured."""
-    return measure_every_plan(small, dataclasses.replace(unit_costs(small, IMGSZ), mixed=False))
+    with timing():  # the plans' predicted times, which the choices below rank by
+        costs = unit_costs(small, IMGSZ)
+    return measure_every_plan(small, dataclasses.replace(costs, mixed=False))
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +100,15 @@ def mixed():
     parts' too), measured: 242 plans."""
     model = DetectionModel({**deepcopy(MINI), "head": [[[2], 1, "Detect", ["nc"]]]}, verbose=False).train()
     model.args = get_cfg()
-    costs = unit_costs(model, MIXED_IMGSZ)
+    with timing():
+        costs = unit_costs(model, MIXED_IMGSZ)
     assert costs.mixed and space_size(costs) == 3 * 9 * 9 - 1  # stage 1 is one Conv: no parts
     return model, measure_every_plan(model, costs, MIXED_IMGSZ)
 
 
 @pytest.mark.parametrize("space", ["one mode", "per unit"])
 @pytest.mark.parametrize("share", [0.5, 0.6, 0.7, 0.8, 0.9])
-def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, share, space):
+def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, share, space, timed_planning):
     """Of the plans whose independently measured step fits, the choice is the one with the least predicted step
     time (the FLOPs it reports are the counted ones); its step at the run's batch was timed. In one mode for all
     units (62 plans), and with each unit in its own mode, its parts' included (242 plans of a smaller model)."""
@@ -125,7 +129,7 @@ def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, sha
     assert choice.measured_seconds > 0 and choice.plan.regions and len(choice.tried) <= planner.MAX_MEASURED
 
 
-def test_measurements_shared_across_growing_targets_choose_as_fresh_ones(small, exhaustive):
+def test_measurements_shared_across_growing_targets_choose_as_fresh_ones(small, exhaustive, timed_planning):
     """``measured`` shared from the smallest target up: a plan that did not fit a smaller target is measured again
     for a larger one, so every choice is the fastest plan measured to fit, as with nothing shared."""
     costs, fixed, peak, rows = exhaustive
@@ -137,7 +141,7 @@ def test_measurements_shared_across_growing_targets_choose_as_fresh_ones(small, 
         assert choice.measured_bytes <= target and choice.candidate.seconds == fastest, share
 
 
-def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive):
+def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive, timed_planning):
     """When vanilla fits, one line says so (no empty trade-off table); otherwise the table lists what was measured."""
     costs, fixed, peak, rows = exhaustive
     vanilla = step_bytes(small, IMGSZ, BATCH)  # the target vanilla just fits

@@ -88,6 +88,7 @@ MARGIN = 0.1  # predictions are within about 10% of measured steps: measure cand
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
 MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
 TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
+# (0: no step is timed, every time is 0 s and plans rank by their FLOPs, ``candidates``' next key)
 # A unit's mode, where the model's plans take a mode per region: its own regions' (``full``, ``selective``, or none)
 # and, for a unit with block layers, the mode of their parts (``Layout.nests``) as a unit of their own: each part a
 # region, nested inside the unit's regions (Chen's recursive scheme) or alone ("parts": the unit's other layers keep
