@@ -7,15 +7,7 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # before Ultralytics is imported: no
 
 import pytest
 
-from yolo_ckpt import planner
-
-from support import timing
-
-# Planning times each probe step (median of TIMED_STEPS) to rank plans by step time. The suite checks what planning
-# chooses against bounds and vanilla runs: here no step is timed (TIMED_STEPS = 0: every time 0 s, plans rank by
-# FLOPs), the same choice on every run however busy the machine. Tests of the ranking by measured time itself take
-# ``timed_planning``. Multi-process launches keep the default.
-planner.TIMED_STEPS = 0
+from support import timing  # importing it sets the suite's planner.TIMED_STEPS
 
 
 @pytest.fixture

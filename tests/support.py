@@ -42,6 +42,13 @@ from yolo_ckpt.measure import measure_peak, state_bytes, step_bytes, step_loss, 
 from yolo_ckpt.memory import LiveTensorTracker
 from yolo_ckpt.trainer import CKPT_CFG_DICT
 
+# Planning times each probe step (median of TIMED_STEPS) to rank plans by step time. The suite checks what planning
+# chooses against bounds and vanilla runs: in every process that imports this module (the suite, the DDP workers
+# Ultralytics' launcher starts, torchrun_train.py) no step is timed (TIMED_STEPS = 0: every time 0 s, plans rank by
+# FLOPs), the same choice on every run however busy the machine. Tests of the ranking by measured time itself take
+# ``conftest.timed_planning``. The CLI in a subprocess (``python -m yolo_ckpt``) keeps the default.
+planner.TIMED_STEPS = 0
+
 
 @contextmanager
 def timing(steps: int = 1) -> Iterator[None]:
