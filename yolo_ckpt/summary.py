@@ -27,6 +27,7 @@ from .profiler import compare_plans
 from .stages import CheckpointPlan
 
 PREFIX = colorstr("checkpoint:")
+COMPARE_ROUNDS = 3  # timed rounds of the two steps (median): a figure reported to the user, whatever planning times
 
 
 def autocast_dtype(trainer: Any) -> torch.dtype | None:
@@ -73,7 +74,8 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
                 f"imgsz={imgsz} batch={batch}, side by side...")
     try:  # each step within what the device has free: a step that does not fit is a row with fits=False
         ours = (plan.stages, mode or "full", layers, loss or "none")
-        rows = compare_plans(copy, imgsz, batch, {"vanilla": [], name: ours}, amp=autocast_dtype(trainer))
+        rows = compare_plans(copy, imgsz, batch, {"vanilla": [], name: ours}, COMPARE_ROUNDS,
+                             amp=autocast_dtype(trainer))
     finally:
         del copy
     if over := [r["plan"] for r in rows if not r["fits"]]:
