@@ -48,7 +48,7 @@ Without CUDA (``--quick`` on a CPU, as CI runs it) sections 1-2 are SKIPPED (sec
 test_memory.py, which skip or check CPU behaviour), section 3 plans for ``memory_budget=256MB`` (a CPU has no free
 memory to plan for) and reads exact tensor bytes for allocator peaks, and section 4 runs on
 ``yolo_ckpt.device.SimulatedDevice`` at imgsz 192 batch 4 where the package has it (else SKIPPED), section 8 at
-imgsz 160 batch 4 with a share of 0.8x vanilla's step (there the model state is most of a step: at half, batch 1 of
+imgsz 128 batch 4 with a share of 0.8x vanilla's step (there the model state is most of a step: at half, batch 1 of
 no plan fits) on ``yolo_ckpt.device.UntoldDevice`` (a limit planning is not told about).
 """
 
@@ -399,13 +399,13 @@ def whole_run(quick: bool, device: str) -> Section:
     from yolo_ckpt.device import UntoldDevice
     from yolo_ckpt.measure import step_bytes
 
-    imgsz, batch = (160, 4) if quick else (1280, 8)
-    size = {"fraction": batch} if quick else {}
+    imgsz, batch = (128, 4) if quick else (1280, 8)  # quick: 128 px, where the YOLO object's own model alone once
+    size = {"fraction": batch} if quick else {}  # made the final validation run out (the meter enters the device)
     objects = 4 * max(len(f.read_text().splitlines())  # mosaic, as the trainer counts the dataset's labels
                       for f in (synthetic_dataset("detect").parent / "labels" / "train").glob("*.txt"))
     vanilla = step_bytes(build_model("yolo11n.yaml").to(0 if device == "cuda" else "cpu"), imgsz, batch, objects)
     release(device)
-    budget = int(vanilla * (0.8 if quick else 1 / 3) / 0.6)  # quick: at 160 px the model state is most of a step
+    budget = int(vanilla * (0.8 if quick else 1 / 3) / 0.6)  # quick: at 128 px the model state is most of a step
     share = int(0.6 * budget)
     limit = int(1.05 * share)
     with tempfile.TemporaryDirectory() as tmp:
