@@ -8,7 +8,9 @@ Three levels, each against an independent reference:
   kernels), full and selective: BatchNorm buffers, gradients and weights after optimizer steps are bitwise those of
   the compiled plain model, with the checkpoint regions present in the traced graph;
 - Ultralytics' own ``compile=True`` (inductor) on CPU, on a small YOLO detector: one graph, process RSS measured
-  instead of compile being switched off, and every saved field bitwise that of the compiled vanilla run.
+  instead of compile being switched off, and every saved field bitwise that of the compiled vanilla run;
+- ``checkpoint_loss=exact`` under Ultralytics' ``compile=True`` (the criterion runs outside the graph): bitwise the
+  compiled vanilla run, each image's mask loss run twice.
 
 Inductor partitions and fuses the whole training graph at once, so a checkpoint region can change how kernels
 elsewhere are fused: on yolo11n (320 px) a few gradients of the C2PSA/SPPF and head layers then round differently
@@ -142,3 +144,44 @@ def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(detect_data, m
     assert_same_run(runs["vanilla"], runs["ckpt"])
     (row,) = results(runs["ckpt"])
     assert "mem/peak_tensor_GB" not in row and float(row["mem/peak_rss_GB"]) > 0  # RSS, and compile stayed on
+
+
+@pytest.mark.heavy(2)
+def test_ultralytics_compile_with_the_exact_loss_trains_exactly_like_compiled_vanilla(small_data, tmp_path,
+                                                                                     monkeypatch):
+    """``checkpoint_loss=exact`` under ``compile=True``: Ultralytics compiles the model's forward and calls the
+    criterion outside the graph (``BaseTrainer._do_train``, "Decouple inference and loss", checked on 8.4.190), so
+    each image's mask-loss region runs eagerly on the compiled forward's outputs and is recomputed in backward ahead
+    of the compiled graph's own backward. The run is the compiled vanilla run bit for bit, each image's mask loss of
+    every step ran twice (counted outside the graph), and the graph compiled is vanilla's (inductor's cache serves
+    it)."""
+    from ultralytics.utils.loss import v8SegmentationLoss
+
+    calls, plain = [0], v8SegmentationLoss.single_mask_loss
+
+    def single_mask_loss(*args):  # the loss runs eagerly, so a Python counter sees every call
+        calls[0] += torch.is_grad_enabled()  # training's forward and recompute, not validation
+        return plain(*args)
+
+    monkeypatch.setattr(v8SegmentationLoss, "single_mask_loss", staticmethod(single_mask_loss))
+    seg = {**MINI, "head": [MINI["head"][0], [[2, 3], 1, "Segment", ["nc", 8, 16]]]}  # MINI with a small proto
+    model_yaml = tmp_path / "yolo11-mini-seg.yaml"
+    model_yaml.write_text(yaml.safe_dump(seg, sort_keys=False))
+    # deterministic=False as in the test above. The loss plan is not in the graph, so the second run compiles
+    # nothing: inductor's FX graph cache serves vanilla's kernels (on by default; measured 61 s for the test cold)
+    args = {**TRAIN_ARGS, "data": small_data("segment"), "project": str(tmp_path), "epochs": 1, "imgsz": 64,
+            "val": False, "save_period": 1, "compile": True, "deterministic": False}
+    runs, counts, inductor = {}, {}, {}
+    for name, extra in (("vanilla", {}), ("ckpt", {"trainer": TRAINERS["segment"], "checkpoint_loss": "exact"})):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        before = calls[0]
+        model = ultralytics.YOLO(str(model_yaml), task="segment")
+        model.add_callback("teardown", dump_training)
+        model.train(name=name, **extra, **args)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # compiled, in one graph
+        runs[name], counts[name] = Path(model.trainer.save_dir), calls[0] - before
+        inductor[name] = dict(torch._dynamo.utils.counters["inductor"])
+    assert counts["vanilla"] > 0 and counts["ckpt"] == 2 * counts["vanilla"], counts
+    assert inductor["ckpt"].get("fxgraph_cache_miss", 0) == 0 < inductor["ckpt"]["fxgraph_cache_hit"], inductor
+    assert_same_run(runs["vanilla"], runs["ckpt"])
