@@ -20,7 +20,10 @@ Once the network is checkpointed, the loss holds most of a dense or high-resolut
     ``objects x anchors`` tensors are one image's. Not bitwise on CPU: the alignment metric's ``pow(beta)`` over the
     candidate pairs runs vectorized in the body and scalar in the tail of a list, and per image the tail moves
     (measured on this project's AVX-512 CPU: ``x[:k].pow(6.0)`` differs from ``x.pow(6.0)[:k]`` for 29 of the first
-    199 ``k``; the gradients of yolo26n and yolo11n-obb then differ).
+    199 ``k``; the gradients of yolo26n and yolo11n-obb then differ);
+  - YOLO26 segmentation's mask-aware assignment (``SegTaskAlignedAssigner``, which scores each object's best anchors
+    by the IoU of their predicted masks) in groups of objects (``CHUNK_MASK_IOU_PIXELS``), so that it no longer
+    decodes a whole image's candidate masks at once: the step's peak at 1024 px with 300 objects per image.
 
 The criterion is shadowed on its *instance*, as ``yolo_ckpt.model`` shadows the layer loop: the model's
 ``init_criterion`` (so also the criterion a resume or the EMA's validation builds) and any criterion already built.
@@ -30,7 +33,7 @@ it pickles, and ``CheckpointMixin.save_model`` removes the ``init_criterion`` sh
 Private Ultralytics code reproduced here, checked against ultralytics 8.4.190 (``ultralytics/utils/loss.py``,
 ``ultralytics/utils/tal.py``): the loop of ``v8SegmentationLoss.calculate_segmentation_loss``, the terms of
 ``SemanticSegmentationLoss.forward`` and the per-image loop of ``TaskAlignedAssigner.forward``, which calls
-``_forward``.
+``_forward``; what ``SegTaskAlignedAssigner.pair_overlaps`` reads from its arguments.
 
 Examples:
     >>> from yolo_ckpt.measure import build_model, training_batch
@@ -69,6 +72,13 @@ every ``TaskAlignedAssigner``. Classification, depth and RT-DETR (a Hungarian ma
 CHUNK_ROWS_PIXELS = 2**22
 """``chunked``: foreground rows times mask pixels per chunk of the mask loss (16 MiB per ``rows x h x w`` fp32
 tensor; 64 rows of 256 x 256 masks, the 1024 px default), so that its memory no longer grows with objects."""
+CHUNK_MASK_IOU_PIXELS = 2**22
+"""``chunked``: anchors times mask pixels that YOLO26 segmentation's mask-aware assigner decodes at a time
+(``SegTaskAlignedAssigner.pair_overlaps``, which scores up to ``3 * topk`` anchors per object by the IoU of its
+predicted mask): objects in groups of ``CHUNK_MASK_IOU_PIXELS // (3 * topk * mask pixels)``, at least one. Measured
+at 1024 px, batch 2, 300 objects per image (``tests/test_loss.py`` holds the bound at 160 px): each group's overlaps
+at most 24 MiB, each image's whole assignment at most 99 MiB, against 4.0 GB for Ultralytics' assignment of the
+batch (its decode takes at least one image's candidate anchors at once)."""
 CHUNK_PIXELS = 2**22
 """``chunked``: classes times full-resolution pixels per block of the semantic loss (16 MiB per fp32 block of
 upsampled logits: 208 rows of a 1024 px mask with Cityscapes' 19 classes), so that its memory no longer grows with the
@@ -123,6 +133,13 @@ def _criteria(criterion: Any) -> list[Any]:
     parts = [getattr(criterion, name, None) for name in ("one2many", "one2one")] if hasattr(criterion, "one2one") \
         else [criterion]
     return [c for c in parts if isinstance(c, v8DetectionLoss)]
+
+
+def _scores_masks(assigner: nn.Module) -> bool:
+    """Whether ``assigner`` is YOLO26 segmentation's mask-aware one (Ultralytics 8.4.190 has it; 8.4.162 does not)."""
+    from ultralytics.utils import tal
+
+    return isinstance(assigner, getattr(tal, "SegTaskAlignedAssigner", ()))
 
 
 def _image_mask_loss(criterion: Any, masks: torch.Tensor, batch_idx: torch.Tensor, i: int, mask_idx: torch.Tensor,
@@ -194,6 +211,40 @@ def _assign_per_image(assigner: nn.Module, pd_scores: torch.Tensor, pd_bboxes: t
     finally:
         assigner.bs, assigner.n_max_boxes = bs, n_max_boxes
     return results
+
+
+def _pair_overlaps_by_objects(assigner: nn.Module, indices: tuple[torch.Tensor, ...], gt_bboxes: torch.Tensor,
+                              pd_bboxes: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+    """``SegTaskAlignedAssigner.pair_overlaps`` (8.4.190) run on groups of objects (``CHUNK_MASK_IOU_PIXELS``), each
+    group as if its objects were the image's only ones, the overlaps written back in the pairs' order.
+
+    Every quantity of a pair is its object's alone (the box IoU, the object's ``3 * topk`` best anchors, their
+    predicted masks' IoU with its mask), so a group gives its pairs what the whole call gives them, and only the
+    group's anchors are decoded. Equal up to float rounding, not guaranteed bitwise on CPU: elementwise kernels (the
+    box IoU's ``atan``, the alignment's ``pow``) run vectorized in the body and scalar in the tail of a list, and a
+    group moves the tail."""
+    cls, n = type(assigner), assigner.n_max_boxes
+    mh, mw = extra["proto"].shape[-2:]
+    group = max(1, CHUNK_MASK_IOU_PIXELS // (3 * assigner.topk * mh * mw))
+    b, g, a = indices
+    if group >= n or not len(g):
+        return cls.pair_overlaps(assigner, indices, gt_bboxes, pd_bboxes, **extra)
+    overlaps = None
+    try:
+        for g0 in range(0, n, group):
+            g1 = min(g0 + group, n)
+            if not (keep := (g >= g0) & (g < g1)).any():
+                continue
+            assigner.n_max_boxes = g1 - g0
+            part = cls.pair_overlaps(assigner, (b[keep], g[keep] - g0, a[keep]), gt_bboxes[:, g0:g1], pd_bboxes,
+                                     **{**extra, "labels": extra["labels"][:, g0:g1],
+                                        "gt_masks": extra["gt_masks"][:, g0:g1]})
+            if overlaps is None:
+                overlaps = part.new_zeros(len(g))
+            overlaps[keep] = part
+    finally:
+        assigner.n_max_boxes = n
+    return overlaps
 
 
 def _block_sums(criterion: Any, dice: bool, logits: torch.Tensor, masks: torch.Tensor, i: int,
@@ -298,6 +349,8 @@ def _shadow_criterion(criterion: Any, how: str) -> Any:
     for c in parts:
         if how == "chunked":
             c.assigner._forward = partial(_assign_per_image, c.assigner)
+            if _scores_masks(c.assigner):
+                c.assigner.pair_overlaps = partial(_pair_overlaps_by_objects, c.assigner)
         if isinstance(c, v8SegmentationLoss):
             c.calculate_segmentation_loss = partial(_segmentation_loss, c, how)
     criterion.checkpoint_loss = how
@@ -340,6 +393,7 @@ def disable_loss_checkpointing(model: nn.Module) -> None:
         return
     for c in _criteria(criterion):
         c.assigner.__dict__.pop("_forward", None)
+        c.assigner.__dict__.pop("pair_overlaps", None)
         c.__dict__.pop("calculate_segmentation_loss", None)
     criterion.__dict__.pop("forward", None)
     criterion.__dict__.pop("checkpoint_loss", None)
