@@ -274,6 +274,31 @@ def test_loss_plan_is_installed_and_removed(counted):
     assert "_forward" not in vars(model.criterion.one2one.assigner)
 
 
+def test_a_built_semantic_criterion_is_shadowed_and_restored(monkeypatch):
+    """Ultralytics' semantic loss is an ``nn.Module``, so the model keeps it among its submodules once a step built it
+    (a planning step, a validation): a chunked plan installed after that still computes it block by block, and
+    removing the plan gives Ultralytics' own loss back, to the bit of a model that never had one."""
+    torch.manual_seed(0)
+    model = build_model("yolo26n-sem.yaml")
+    batch = training_batch(model, 128, 2)
+    blocks = []
+    real = ckpt_loss._block_sums
+    monkeypatch.setattr(ckpt_loss, "_block_sums", lambda *a: blocks.append(a[1]) or real(*a))
+    vanilla = step(model, batch)
+    model.criterion = model.init_criterion()
+    assert "criterion" in model._modules and "criterion" not in vars(model)  # where nn.Module keeps it
+    enable_loss_checkpointing(model, "chunked")
+    model.loss(batch)  # with grad: without, nothing is kept for backward and Ultralytics' loss runs
+    assert blocks and model.criterion.checkpoint_loss == "chunked"
+    disable_loss_checkpointing(model)
+    assert "forward" not in vars(model.criterion) and not hasattr(model.criterion, "checkpoint_loss")
+    blocks.clear()
+    plain = step(model, batch)
+    assert not blocks
+    assert_same({k: plain[k] for k in ("loss", "items", "grads")}, {k: vanilla[k] for k in ("loss", "items", "grads")},
+                "restored")
+
+
 @pytest.mark.parametrize("how, name", [("exact", "yolo11n.yaml"), ("exact", "yolo11n-pose.yaml"),
                                        ("chunked", "yolov8n-cls.yaml"), ("exact", "yolo26n-sem.yaml")])
 def test_a_criterion_without_regions_is_refused(how, name):

@@ -357,6 +357,13 @@ def _shadow_criterion(criterion: Any, how: str) -> Any:
     return criterion
 
 
+def _built_criterion(model: nn.Module) -> Any:
+    """The criterion ``model`` has built, or ``None``: in its ``__dict__`` (a plain object: YOLO26's ``E2ELoss``), or
+    among its submodules where it is an ``nn.Module`` (``SemanticSegmentationLoss``), which ``nn.Module`` keeps in
+    ``_modules``, not in ``__dict__``."""
+    return getattr(model, "criterion", None)
+
+
 def _init_criterion(model: nn.Module, how: str) -> Any:
     """``model.init_criterion()`` of its class, shadowed by ``how``."""
     return _shadow_criterion(type(model).init_criterion(model), how)
@@ -380,7 +387,7 @@ def enable_loss_checkpointing(model: nn.Module, how: str) -> None:
     if how == "none":
         return
     model.init_criterion = partial(_init_criterion, model, how)
-    if (criterion := model.__dict__.get("criterion")) is not None:  # built already (a resumed YOLO26 run's)
+    if (criterion := _built_criterion(model)) is not None:  # built already (a resumed YOLO26 run's)
         _shadow_criterion(criterion, how)
 
 
@@ -388,7 +395,7 @@ def disable_loss_checkpointing(model: nn.Module) -> None:
     """Ultralytics' own criterion again: the ``init_criterion`` shadow and every method shadow of a built criterion
     removed (no-op on a plain model)."""
     model.__dict__.pop("init_criterion", None)
-    criterion = model.__dict__.get("criterion")
+    criterion = _built_criterion(model)
     if criterion is None:
         return
     for c in _criteria(criterion):
