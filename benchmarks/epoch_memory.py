@@ -17,6 +17,7 @@ Usage:
 import argparse
 import ast
 import csv
+import re
 import tempfile
 from pathlib import Path
 
@@ -72,7 +73,9 @@ def main() -> None:
     for stages, loss in [("ultralytics", "none"), ("[]", "none"), *plans]:
         spec = (stages if not a.layers or stages in ("ultralytics", "[]") else f"{stages} + {a.layers}") + \
             ("" if loss == "none" else f" + loss {loss}")
-        name = spec.replace(" ", "")
+        # the run's directory, in plain characters: with --layers "['1-2', ...]" Ultralytics' final validation looked
+        # for best.pt at the path without its quotes, and the run died
+        name = re.sub(r"[^\w+.,-]", "_", spec.replace(" ", ""))
         if stages == "ultralytics":
             ultralytics.YOLO(a.model).train(name=name, **args)
         elif stages == "third":

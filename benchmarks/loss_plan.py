@@ -2,20 +2,41 @@
 
 One training step (``model.loss`` forward and backward) at 1024 px, batch 2, with ``--objects`` labelled objects per
 image, measured with exact live tensor bytes (``measure_peak``) and timed in interleaved rounds in the same run
-(``time_steps``): vanilla, and the whole network checkpointed (``checkpoint_stages=all checkpoint_layers=head``) with
-each ``checkpoint_loss`` the model's task allows. Ratios are to vanilla's peak and step time; ``n/a`` where the loss
-has no such plan (``yolo_ckpt.loss.LOSS_TASKS``). The whole network's step (``none``) is the "today" column.
+(``time_steps``): vanilla, and the whole network checkpointed with each ``checkpoint_loss`` the model's task allows.
+Ratios are to vanilla's peak and step time; ``n/a`` where the loss has no such plan (``yolo_ckpt.loss.LOSS_TASKS``).
+
+Two network plans, a row each:
+
+- ``all + head``: ``checkpoint_stages=all checkpoint_layers=head``, the "today" column of the loss's issue;
+- ``least-keeping`` (with ``--least-keeping PX``): the layer plan ``planner.least_keeping`` predicts to keep the
+  least, where escalation ends and ``profile`` points: each stage, the neck and the head recomputed, with their block
+  layers' parts nested inside, in regions of their own. Its units are measured at ``PX`` px (``unit_costs``, about
+  90 s for yolo11n at 1024 px) and the plan it gives is measured at ``--imgsz``.
 
 Usage:
     python benchmarks/loss_plan.py --models yolo11n-seg.yaml yolo11n.yaml --imgsz 1024 --objects 300 --repeats 2
+    python benchmarks/loss_plan.py --models yolo11n.yaml --imgsz 1024 --objects 300 --least-keeping 1024
 """
 
 import argparse
 
 import torch
 
+from yolo_ckpt import planner
 from yolo_ckpt.loss import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.measure import build_model, measure_peak, time_steps, training_batch, with_plan
+
+
+def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int) -> list[tuple[str, tuple]]:
+    """``(name, (stages, mode, layers))`` of each network plan the table has a row for."""
+    plans = [("all + head", ("all", "full", "head"))]
+    if least_keeping:
+        planner.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
+        c = planner.least_keeping(planner.unit_costs(model, least_keeping, objects), batch=2)
+        s = c.settings
+        plans.append((f"least-keeping: {planner.describe(c)}",
+                      (s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])))
+    return plans
 
 
 def main() -> None:
@@ -25,29 +46,35 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--objects", type=int, default=300, help="labelled objects per image (detect, segment, pose, obb)")
     p.add_argument("--repeats", type=int, default=2, help="timed steps per plan (median)")
+    p.add_argument("--least-keeping", type=int, metavar="PX", default=None,
+                   help="also a row for the least-keeping layer plan, its units measured at PX px")
     a = p.parse_args()
     print(f"{a.imgsz} px, batch {a.batch}, {a.objects} objects per image; peak MiB (x vanilla), step time x vanilla")
-    print("| model | vanilla MiB | " + " | ".join(f"all + head, loss {how}" for how in LOSS_MODES) + " |")
-    print("|---|---|" + "---|" * len(LOSS_MODES))
+    print("| model | network plan | vanilla MiB | " + " | ".join(f"loss {how}" for how in LOSS_MODES) + " |")
+    print("|---|---|---|" + "---|" * len(LOSS_MODES))
     for name in a.models:
         torch.manual_seed(0)
         model = build_model(name)
         data = training_batch(model, a.imgsz, a.batch, a.objects)
+        rows = network_plans(model, a.least_keeping, a.objects)
         plans = [model]
-        for how in LOSS_MODES:
-            if how == "none" or model.args.task in LOSS_TASKS[how]:
-                m = with_plan(model, "all", "full", "head")
-                enable_loss_checkpointing(m, how)
-                plans.append(m)
-            else:
-                plans.append(None)
+        for _, spec in rows:
+            for how in LOSS_MODES:
+                if how == "none" or model.args.task in LOSS_TASKS[how]:
+                    m = with_plan(model, *spec)
+                    enable_loss_checkpointing(m, how)
+                    plans.append(m)
+                else:
+                    plans.append(None)
         peaks = [measure_peak(m, data).peak if m is not None else None for m in plans]
         ran = [m for m in plans if m is not None]
         times = iter(time_steps(ran, data, a.repeats))
         times = [next(times) if m is not None else None for m in plans]
         cells = [f"{pk / 2**20:.0f} ({pk / peaks[0]:.3f}x), {t / times[0]:.2f}x time" if pk is not None else "n/a"
                  for pk, t in zip(peaks[1:], times[1:])]
-        print(f"| {name} | {peaks[0] / 2**20:.0f} | " + " | ".join(cells) + " |", flush=True)
+        for r, (plan, _) in enumerate(rows):
+            row = cells[r * len(LOSS_MODES):(r + 1) * len(LOSS_MODES)]
+            print(f"| {name} | {plan} | {peaks[0] / 2**20:.0f} | " + " | ".join(row) + " |", flush=True)
 
 
 if __name__ == "__main__":
