@@ -7,10 +7,9 @@ Three levels, each against an independent reference:
 - the compiled graph (dynamo + AOTAutograd, ``aot_eager`` backend: the traced, functionalized graph run with eager
   kernels), full and selective: BatchNorm buffers, gradients and weights after optimizer steps are bitwise those of
   the compiled plain model, with the checkpoint regions present in the traced graph;
-- Ultralytics' own ``compile=True`` (inductor) on CPU, on a small YOLO detector: one graph, process RSS measured
-  instead of compile being switched off, and every saved field bitwise that of the compiled vanilla run;
-- ``checkpoint_loss=exact`` under Ultralytics' ``compile=True`` (the criterion runs outside the graph): bitwise the
-  compiled vanilla run, each image's mask loss run twice.
+- Ultralytics' own ``compile=True`` (inductor) on CPU, on a small YOLO segmenter with ``checkpoint_loss=exact``
+  (the criterion runs outside the graph): one graph, process RSS measured instead of compile being switched off,
+  each image's mask loss run twice, and every saved field bitwise that of the compiled vanilla run.
 
 Inductor partitions and fuses the whole training graph at once, so a checkpoint region can change how kernels
 elsewhere are fused: on yolo11n (320 px) a few gradients of the C2PSA/SPPF and head layers then round differently
@@ -101,60 +100,25 @@ def test_compiled_recompute_keeps_batchnorm_and_gradients_exact(mode, layers):
 
 
 @pytest.fixture(scope="module")
-def mini_yaml(tmp_path_factory) -> str:
-    """``support.MINI`` as a YAML file: a C3k2 stage and a two-scale Detect head, the least a YOLO detector with a
-    part and a head branch to checkpoint needs. Inductor's cold compile of both runs takes 81 s alone on two CPU
-    cores with an empty ``TORCHINDUCTOR_CACHE_DIR``, as on a fresh CI machine (TINY, three layers more: 105 s, 94
-    kernels against 70), most of this test."""
-    path = tmp_path_factory.mktemp("models") / "yolo11-mini.yaml"
-    path.write_text(yaml.safe_dump(MINI, sort_keys=False))
+def mini_seg_yaml(tmp_path_factory) -> str:
+    """``support.MINI`` with a Segment head (a small proto) as a YAML file: a C3k2 stage and a two-scale head, the
+    least a YOLO model with a part, a head branch and a mask loss to checkpoint needs. Inductor's cold compile of
+    both runs is most of the test (MINI's detector: 81 s with an empty ``TORCHINDUCTOR_CACHE_DIR``, as on a fresh CI
+    machine; TINY, three layers more: 105 s)."""
+    seg = {**MINI, "head": [MINI["head"][0], [[2, 3], 1, "Segment", ["nc", 8, 16]]]}
+    path = tmp_path_factory.mktemp("models") / "yolo11-mini-seg.yaml"
+    path.write_text(yaml.safe_dump(seg, sort_keys=False))
     return str(path)
 
 
 @pytest.mark.heavy(2)
-def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(detect_data, mini_yaml, tmp_path):
-    """``compile=True`` through Ultralytics (inductor): bit for bit the compiled vanilla run, measured by RSS; the
+def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(small_data, mini_seg_yaml, tmp_path, monkeypatch):
+    """``compile=True`` through Ultralytics (inductor): bit for bit the compiled vanilla run, measured by RSS. The
     checkpointed run recomputes every stage with a single part nested in stage 2's region (C3k2's ``cv1``) and one
-    branch of the head (Detect's ``cv2.0``) as regions of their own, installed on the model that was compiled."""
-    # deterministic=False: torch's deterministic mode makes inductor's CPU compile several times slower (minutes for
-    # this model); CPU kernels, the seed and the data order keep both runs reproducible without it.
-    args = {**TRAIN_ARGS, "data": detect_data, "project": str(tmp_path), "epochs": 1, "imgsz": 64, "val": False,
-            "save_period": 1, "compile": True, "deterministic": False}
-    ours = {"trainer": TRAINERS["detect"], "checkpoint_stages": "all", "checkpoint_layers": ["2.cv1", "4.cv2.0"]}
-    runs, compiled = {}, {}
-
-    def installed(trainer):  # the plan on the model Ultralytics compiled, at the first step
-        model = unwrap_model(trainer.model)
-        compiled.setdefault(trainer.args.name, (model is not trainer.model, checkpoint_plan(model)))
-
-    for name, extra in (("vanilla", {}), ("ckpt", ours)):
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        model = ultralytics.YOLO(mini_yaml)
-        model.add_callback("teardown", dump_training)  # no counting hooks: they would enter the compiled graph
-        model.add_callback("on_train_batch_start", installed)
-        model.train(name=name, **extra, **args)
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # compiled, in one graph
-        runs[name] = Path(model.trainer.save_dir)
-    assert compiled["vanilla"] == (True, None)
-    wrapped, plan = compiled["ckpt"]
-    assert wrapped and [(r.layers, r.parts) for r in plan.part_regions] == [((2,), ("cv1",)), ((4,), ("cv2.0",))]
-    whole = {i for r in plan.regions if not r.parts for i in r.layers}
-    assert 2 in whole and 4 not in whole  # cv1 nested in a stage's region, the head's branch a region alone
-    assert_same_run(runs["vanilla"], runs["ckpt"])
-    (row,) = results(runs["ckpt"])
-    assert "mem/peak_tensor_GB" not in row and float(row["mem/peak_rss_GB"]) > 0  # RSS, and compile stayed on
-
-
-@pytest.mark.heavy(2)
-def test_ultralytics_compile_with_the_exact_loss_trains_exactly_like_compiled_vanilla(small_data, tmp_path,
-                                                                                     monkeypatch):
-    """``checkpoint_loss=exact`` under ``compile=True``: Ultralytics compiles the model's forward and calls the
-    criterion outside the graph (``BaseTrainer._do_train``, "Decouple inference and loss", checked on 8.4.190), so
-    each image's mask-loss region runs eagerly on the compiled forward's outputs and is recomputed in backward ahead
-    of the compiled graph's own backward. The run is the compiled vanilla run bit for bit, each image's mask loss of
-    every step ran twice (counted outside the graph), and the graph compiled is vanilla's (inductor's cache serves
-    it)."""
+    branch of the head (``cv2.0``) as regions of their own, installed on the model that was compiled, and each image's
+    mask loss (``checkpoint_loss=exact``). Ultralytics compiles the model's forward and calls the criterion outside
+    the graph (``BaseTrainer._do_train``, "Decouple inference and loss", checked on 8.4.190), so the loss regions run
+    eagerly on the compiled forward's outputs: each image's mask loss of every step ran twice, counted outside."""
     from ultralytics.utils.loss import v8SegmentationLoss
 
     calls, plain = [0], v8SegmentationLoss.single_mask_loss
@@ -164,24 +128,34 @@ def test_ultralytics_compile_with_the_exact_loss_trains_exactly_like_compiled_va
         return plain(*args)
 
     monkeypatch.setattr(v8SegmentationLoss, "single_mask_loss", staticmethod(single_mask_loss))
-    seg = {**MINI, "head": [MINI["head"][0], [[2, 3], 1, "Segment", ["nc", 8, 16]]]}  # MINI with a small proto
-    model_yaml = tmp_path / "yolo11-mini-seg.yaml"
-    model_yaml.write_text(yaml.safe_dump(seg, sort_keys=False))
-    # deterministic=False as in the test above. The loss plan is not in the graph, so the second run compiles
-    # nothing: inductor's FX graph cache serves vanilla's kernels (on by default; measured 61 s for the test cold)
+    # deterministic=False: torch's deterministic mode makes inductor's CPU compile several times slower (minutes for
+    # this model); CPU kernels, the seed and the data order keep both runs reproducible without it.
     args = {**TRAIN_ARGS, "data": small_data("segment"), "project": str(tmp_path), "epochs": 1, "imgsz": 64,
             "val": False, "save_period": 1, "compile": True, "deterministic": False}
-    runs, counts, inductor = {}, {}, {}
-    for name, extra in (("vanilla", {}), ("ckpt", {"trainer": TRAINERS["segment"], "checkpoint_loss": "exact"})):
+    ours = {"trainer": TRAINERS["segment"], "checkpoint_stages": "all", "checkpoint_layers": ["2.cv1", "4.cv2.0"],
+            "checkpoint_loss": "exact"}
+    runs, compiled, counts = {}, {}, {}
+
+    def installed(trainer):  # the plan on the model Ultralytics compiled, at the first step
+        model = unwrap_model(trainer.model)
+        compiled.setdefault(trainer.args.name, (model is not trainer.model, checkpoint_plan(model)))
+
+    for name, extra in (("vanilla", {}), ("ckpt", ours)):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         before = calls[0]
-        model = ultralytics.YOLO(str(model_yaml), task="segment")
-        model.add_callback("teardown", dump_training)
+        model = ultralytics.YOLO(mini_seg_yaml, task="segment")
+        model.add_callback("teardown", dump_training)  # no counting hooks: they would enter the compiled graph
+        model.add_callback("on_train_batch_start", installed)
         model.train(name=name, **extra, **args)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # compiled, in one graph
         runs[name], counts[name] = Path(model.trainer.save_dir), calls[0] - before
-        inductor[name] = dict(torch._dynamo.utils.counters["inductor"])
+    assert compiled["vanilla"] == (True, None)
+    wrapped, plan = compiled["ckpt"]
+    assert wrapped and [(r.layers, r.parts) for r in plan.part_regions] == [((2,), ("cv1",)), ((4,), ("cv2.0",))]
+    whole = {i for r in plan.regions if not r.parts for i in r.layers}
+    assert 2 in whole and 4 not in whole  # cv1 nested in a stage's region, the head's branch a region alone
     assert counts["vanilla"] > 0 and counts["ckpt"] == 2 * counts["vanilla"], counts
-    assert inductor["ckpt"].get("fxgraph_cache_miss", 0) == 0 < inductor["ckpt"]["fxgraph_cache_hit"], inductor
     assert_same_run(runs["vanilla"], runs["ckpt"])
+    (row,) = results(runs["ckpt"])
+    assert "mem/peak_tensor_GB" not in row and float(row["mem/peak_rss_GB"]) > 0  # RSS, and compile stayed on
