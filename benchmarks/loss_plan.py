@@ -11,14 +11,18 @@ Two network plans, a row each:
 - ``least-keeping`` (with ``--least-keeping PX``): the layer plan ``planner.least_keeping`` predicts to keep the
   least, where escalation ends and ``profile`` points: each stage, the neck and the head recomputed, with their block
   layers' parts nested inside, in regions of their own. Its units are measured at ``PX`` px (``unit_costs``, about
-  90 s for yolo11n at 1024 px) and the plan it gives is measured at ``--imgsz``.
+  90 s for yolo11n at 1024 px) and the plan it gives is measured at ``--imgsz``;
+- ``--stages S --layers L`` (with ``--extra``): a plan written out, as ``checkpoint_stages`` and ``checkpoint_layers``.
 
 Usage:
     python benchmarks/loss_plan.py --models yolo11n-seg.yaml yolo11n.yaml --imgsz 1024 --objects 300 --repeats 2
     python benchmarks/loss_plan.py --models yolo11n.yaml --imgsz 1024 --objects 300 --least-keeping 1024
+    python benchmarks/loss_plan.py --models yolo11n.yaml --extra --stages "[1,2]" \
+        --layers "['2.*','3-4','5-6','7-10','13','16','17','19','20','22','23.*']"   # the stem in stage 2's region
 """
 
 import argparse
+import ast
 
 import torch
 
@@ -27,9 +31,12 @@ from yolo_ckpt.loss import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.measure import build_model, measure_peak, time_steps, training_batch, with_plan
 
 
-def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int) -> list[tuple[str, tuple]]:
+def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int,
+                  extra: tuple | None = None) -> list[tuple[str, tuple]]:
     """``(name, (stages, mode, layers))`` of each network plan the table has a row for."""
     plans = [("all + head", ("all", "full", "head"))]
+    if extra is not None:
+        plans.append((f"stages {extra[0]} + layers {extra[1]}", (extra[0], "full", extra[1])))
     if least_keeping:
         planner.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
         c = planner.least_keeping(planner.unit_costs(model, least_keeping, objects), batch=2)
@@ -48,7 +55,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="timed steps per plan (median)")
     p.add_argument("--least-keeping", type=int, metavar="PX", default=None,
                    help="also a row for the least-keeping layer plan, its units measured at PX px")
+    p.add_argument("--extra", action="store_true", help="also a row for the plan of --stages and --layers")
+    p.add_argument("--stages", default="[]", help="checkpoint_stages of the --extra plan, e.g. \"[1,2]\"")
+    p.add_argument("--layers", default="[]", help="checkpoint_layers of the --extra plan, e.g. \"['2.*','3-4']\"")
     a = p.parse_args()
+    extra = (ast.literal_eval(a.stages), ast.literal_eval(a.layers)) if a.extra else None
     print(f"{a.imgsz} px, batch {a.batch}, {a.objects} objects per image; peak MiB (x vanilla), step time x vanilla")
     print("| model | network plan | vanilla MiB | " + " | ".join(f"loss {how}" for how in LOSS_MODES) + " |")
     print("|---|---|---|" + "---|" * len(LOSS_MODES))
@@ -56,7 +67,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = build_model(name)
         data = training_batch(model, a.imgsz, a.batch, a.objects)
-        rows = network_plans(model, a.least_keeping, a.objects)
+        rows = network_plans(model, a.least_keeping, a.objects, extra)
         plans = [model]
         for _, spec in rows:
             for how in LOSS_MODES:

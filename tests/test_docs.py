@@ -117,6 +117,9 @@ COMMANDS = {
     "yolo-ckpt train data=synthetic_dense model=yolo11n-seg.yaml imgsz=1024 batch=2 checkpoint_stages=all "
     "checkpoint_layers=head checkpoint_loss=chunked":
         ("checked", "1024 px epochs of instance masks take minutes on CPU"),
+    "yolo-ckpt train data=synthetic_dense model=yolo11n.yaml imgsz=1024 batch=2 checkpoint_stages=[1,2] "
+    "checkpoint_layers=\"['2.*','3-4','5-6','7-10','13','16','17','19','20','22','23.*']\"":
+        ("checked", "1024 px epochs take minutes on CPU"),
     # planning for a GPU
     "yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=auto memory_budget=24GB":
         ("checked", "COCO at 1280 px"),
