@@ -31,7 +31,7 @@ from yolo_ckpt.loss import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.measure import build_model, measure_peak, time_steps, training_batch, with_plan
 
 
-def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int,
+def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int, batch: int,
                   extra: tuple | None = None) -> list[tuple[str, tuple]]:
     """``(name, (stages, mode, layers))`` of each network plan the table has a row for."""
     plans = [("all + head", ("all", "full", "head"))]
@@ -39,7 +39,7 @@ def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: in
         plans.append((f"stages {extra[0]} + layers {extra[1]}", (extra[0], "full", extra[1])))
     if least_keeping:
         planner.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
-        c = planner.least_keeping(planner.unit_costs(model, least_keeping, objects), batch=2)
+        c = planner.least_keeping(planner.unit_costs(model, least_keeping, objects), batch)
         s = c.settings
         plans.append((f"least-keeping: {planner.describe(c)}",
                       (s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])))
@@ -67,7 +67,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = build_model(name)
         data = training_batch(model, a.imgsz, a.batch, a.objects)
-        rows = network_plans(model, a.least_keeping, a.objects, extra)
+        rows = network_plans(model, a.least_keeping, a.objects, a.batch, extra)
         plans = [model]
         for _, spec in rows:
             for how in LOSS_MODES:

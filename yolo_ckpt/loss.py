@@ -76,7 +76,7 @@ CHUNK_MASK_IOU_PIXELS = 2**22
 """``chunked``: anchors times mask pixels that YOLO26 segmentation's mask-aware assigner decodes at a time
 (``SegTaskAlignedAssigner.pair_overlaps``, which scores up to ``3 * topk`` anchors per object by the IoU of its
 predicted mask): objects in groups of ``CHUNK_MASK_IOU_PIXELS // (3 * topk * mask pixels)``, at least one. Measured
-at 1024 px, batch 2, 300 objects per image (``tests/test_loss.py`` holds the bound at 160 px): each group's overlaps
+at 1024 px, batch 2, 300 objects per image (``tests/test_loss.py`` checks the groups at 160 px): each group's overlaps
 at most 24 MiB, each image's whole assignment at most 99 MiB, against 4.0 GB for Ultralytics' assignment of the
 batch (its decode takes at least one image's candidate anchors at once)."""
 CHUNK_PIXELS = 2**22
@@ -357,13 +357,6 @@ def _shadow_criterion(criterion: Any, how: str) -> Any:
     return criterion
 
 
-def _built_criterion(model: nn.Module) -> Any:
-    """The criterion ``model`` has built, or ``None``: in its ``__dict__`` (a plain object: YOLO26's ``E2ELoss``), or
-    among its submodules where it is an ``nn.Module`` (``SemanticSegmentationLoss``), which ``nn.Module`` keeps in
-    ``_modules``, not in ``__dict__``."""
-    return getattr(model, "criterion", None)
-
-
 def _init_criterion(model: nn.Module, how: str) -> Any:
     """``model.init_criterion()`` of its class, shadowed by ``how``."""
     return _shadow_criterion(type(model).init_criterion(model), how)
@@ -387,7 +380,9 @@ def enable_loss_checkpointing(model: nn.Module, how: str) -> None:
     if how == "none":
         return
     model.init_criterion = partial(_init_criterion, model, how)
-    if (criterion := _built_criterion(model)) is not None:  # built already (a resumed YOLO26 run's)
+    # built already (a resumed YOLO26 run's); getattr, not __dict__: an nn.Module criterion (the semantic loss) is
+    # kept in _modules
+    if (criterion := getattr(model, "criterion", None)) is not None:
         _shadow_criterion(criterion, how)
 
 
@@ -395,7 +390,7 @@ def disable_loss_checkpointing(model: nn.Module) -> None:
     """Ultralytics' own criterion again: the ``init_criterion`` shadow and every method shadow of a built criterion
     removed (no-op on a plain model)."""
     model.__dict__.pop("init_criterion", None)
-    criterion = _built_criterion(model)
+    criterion = getattr(model, "criterion", None)  # in __dict__ or, an nn.Module, in _modules
     if criterion is None:
         return
     for c in _criteria(criterion):

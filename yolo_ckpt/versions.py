@@ -11,7 +11,9 @@ from ultralytics.utils.checks import check_version
 # As pyproject.toml pins it. CI runs the whole suite on the newest and .ci/run's bit-for-bit subset on the oldest.
 # 8.4.162 is the first release whose out-of-memory retry, which escalation joins through ``_build_train_pipeline``,
 # keeps the optimizer and hands the rebuilt loader to the validator as 8.4.190's does; everything else yolo-ckpt
-# touches reads as in 8.4.190 from there on (8.4.113 is the first in which yolo-ckpt runs at all).
+# touches reads as in 8.4.190 from there on (8.4.113 is the first in which yolo-ckpt runs at all), except YOLO26
+# segmentation's mask-aware assigner (``SegTaskAlignedAssigner``), which 8.4.162 lacks: ``checkpoint_loss=chunked``
+# groups its objects where it exists and has nothing to group where it does not.
 ULTRALYTICS_RANGE = ">=8.4.162,<8.5"
 
 
