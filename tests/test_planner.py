@@ -36,7 +36,7 @@ from yolo_ckpt.planner import (
     unit_costs,
 )
 from yolo_ckpt.run_planning import auto_report
-from yolo_ckpt.stages import CheckpointConfigError
+from yolo_ckpt.stages import CheckpointConfigError, CheckpointPlan
 from yolo_ckpt.trainer import check_settings, saved_settings
 
 from support import (
@@ -51,7 +51,7 @@ from support import (
 )
 
 IMGSZ, BATCH = 128, 2
-MIXED_IMGSZ = 64  # the 242 plans of the per-unit space, each measured: at a quarter of the pixels
+MIXED_IMGSZ = 64  # the 296 plans of the per-unit space, each measured: at a quarter of the pixels
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +97,13 @@ def exhaustive(small):
 @pytest.fixture(scope="module")
 def mixed():
     """Every plan of a model of three units (two stages, the head layer: no neck), each unit in its own mode (its
-    parts' too), measured: 242 plans."""
+    parts' too), measured: 296 plans (the stem and stage 2 joined a unit too)."""
     model = DetectionModel({**deepcopy(MINI), "head": [[[2], 1, "Detect", ["nc"]]]}, verbose=False).train()
     model.args = get_cfg()
     with timing():
         costs = unit_costs(model, MIXED_IMGSZ)
-    assert costs.mixed and space_size(costs) == 3 * 9 * 9 - 1  # stage 1 is one Conv: no parts
+    # stage 1 is one Conv (no parts); the stem joined with stage 2 takes stage 2's modes that recompute it (6)
+    assert costs.mixed and space_size(costs) == (3 * 9 + 6) * 9 - 1
     return model, measure_every_plan(model, costs, MIXED_IMGSZ)
 
 
@@ -111,7 +112,7 @@ def mixed():
 def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, share, space, timed_planning):
     """Of the plans whose independently measured step fits, the choice is the one with the least predicted step
     time (the FLOPs it reports are the counted ones); its step at the run's batch was timed. In one mode for all
-    units (62 plans), and with each unit in its own mode, its parts' included (242 plans of a smaller model)."""
+    units (62 plans), and with each unit in its own mode, its parts' included (296 plans of a smaller model)."""
     small, (costs, fixed, peak, rows) = (small, exhaustive) if space == "one mode" else mixed
     imgsz = IMGSZ if space == "one mode" else MIXED_IMGSZ
     target = fixed + int(share * peak)  # share of the vanilla step's peak, on top of what no plan changes
@@ -316,7 +317,8 @@ def test_a_space_too_large_to_list_keeps_the_fastest_plan_for_every_target(small
     long, the cut one much shorter."""
     costs = dataclasses.replace(exhaustive[0], mixed=mixed)
     every, cut = candidates(costs, BATCH, 0, max_space=space_size(costs)), candidates(costs, BATCH, 0, max_space=0)
-    assert len(every) == space_size(costs) == (3 * 9**5 - 1 if mixed else 2 * (2**5 - 1))  # stage 1: no parts
+    # stage 1: no parts; the joined unit (1, 2): 6 modes
+    assert len(every) == space_size(costs) == ((3 * 9 + 6) * 9**4 - 1 if mixed else 2 * (2**5 - 1))
     assert set(cut) <= set(every) and len(cut) < len(every) / (2 if mixed else 1)
     sizes = sorted({c.predicted_bytes for c in every})
     for target in sizes[:: max(len(sizes) // 40, 1)]:
@@ -351,6 +353,30 @@ def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_
     s = c.settings
     assert s["checkpoint_stages"] == [] and s["checkpoint_layers"] == [
         "0:selective", "2.*", "3-4:selective", "4.*", "5-6", "6.*:selective", "9.*:selective", "10", "10.*"]
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    vanilla, ckpt = train_pair(str(cfg), [], detect_data, tmp_path, layers=s["checkpoint_layers"], epochs=1,
+                               imgsz=160)
+    assert_same_training(str(cfg), [], vanilla, ckpt, layers=s["checkpoint_layers"])
+
+
+def test_the_stem_and_the_next_stage_are_a_unit_of_one_region(small, exhaustive, mixed, detect_data, tmp_path):
+    """The joined unit ``(1, 2)`` is the region ``checkpoint_stages=[1,2]`` makes (layers 0-2), measured alone to
+    keep less than its two stages apart (no stem output kept), never in a plan with either of them; in a plan of
+    per-unit modes it trains bit for bit like vanilla, every region recomputed."""
+    costs = exhaustive[0]
+    assert costs.units[:3] == [1, 2, (1, 2)]
+    c = Candidate(((1, 2), 3, HEAD), ("full+parts:selective", "selective", PARTS), 0, 0, costs.head,
+                  layout=costs.layout)
+    s = c.settings
+    assert s["checkpoint_layers"] == ["0-2", "2.*:selective", "3-4:selective", "10.*"]
+    assert c.plan(small).regions[0].layers == CheckpointPlan.from_spec(small, [1, 2]).regions[0].layers == (0, 1, 2)
+    plain, unit = costs.plain, costs.unit
+    apart = plain.kept - unit[(1, "full")].kept + plain.kept - unit[(2, "full")].kept
+    assert plain.kept - unit[((1, 2), "full")].kept > apart
+    every = candidates(mixed[1][0], BATCH, 0)
+    assert any((1, 2) in p.units for p in every)
+    assert not any((1, 2) in p.units and (1 in p.units or 2 in p.units) for p in every)
     cfg = tmp_path / "small.yaml"
     cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
     vanilla, ckpt = train_pair(str(cfg), [], detect_data, tmp_path, layers=s["checkpoint_layers"], epochs=1,

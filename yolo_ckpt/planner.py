@@ -6,7 +6,10 @@ A candidate plan is a set of *units* — each backbone stage, the neck and the h
 Detect's branches per scale) — each
 recomputed in its own mode: none, ``full`` or ``selective``. A unit's parts recomputed inside its recomputed regions
 are recomputed again during the unit's recompute, which then holds one part's activations instead of the layer's
-(Chen's recursive scheme); recomputed alone, they keep the unit's other layers' tensors and each part's input. A unit
+(Chen's recursive scheme); recomputed alone, they keep the unit's other layers' tensors and each part's input. Where
+plans take a mode per unit, the stem (the first stage) and the stage after it are a unit of their own too, ``(1, 2)``,
+one region as ``checkpoint_stages=[1,2]`` makes it (``stages.joined_stages``), which no plan takes with either
+stage: it keeps no stem output, and its recompute holds both stages' tensors. A unit
 and its parts are measured together, as one mode of ``UNIT_MODES`` (``"full+parts:selective"``: the stage full, each
 part of it selective inside), since what the parts save depends on what holds them. Where the model's plans take no
 mode per region (``per_region_modes``), one of ``full``/``selective`` for all units, neck and head layer together.
@@ -78,7 +81,7 @@ from .measure import (
 from .memory import LiveTensorTracker
 from .model import enable_checkpointing
 from .recompute import MODES
-from .stages import CheckpointConfigError, CheckpointPlan, model_parts, model_stages
+from .stages import CheckpointConfigError, CheckpointPlan, joined_stages, model_parts, model_stages
 
 LOSS = "loss"  # the loss plan as a unit (``Costs.loss``): after the head, its backward first
 HEAD = "head"  # the unit of the model's last layer (Detect, Segment, Classify, RTDETRDecoder, ...)
@@ -95,6 +98,7 @@ TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute ti
 # their tensors). What the parts save depends on their unit's mode, so each pair is measured together.
 PARTS = "parts"
 UNIT_MODES = (*MODES, *(f"{o}+{PARTS}{s}" for o in MODES for s in ("", ":selective")), PARTS, f"{PARTS}:selective")
+JOINED = tuple  # the type of a unit of stages in one region, ``(1, 2)``: the stem in the next stage's region
 NESTED = f"full+{PARTS}"  # a unit recomputed full, each part of its block layers a full region of its own inside
 
 
@@ -119,7 +123,8 @@ class Layout(NamedTuple):
     """Where a unit sits in the model, for settings that name its regions one by one.
 
     Attributes:
-        unit (Any): A stage number, ``"neck"`` or ``"head"``.
+        unit (Any): A stage number, ``"neck"``, ``"head"``, or the stem and the next stage in one region (``(1, 2)``,
+            ``JOINED``).
         ranges (tuple): Its layer regions as ``(first, last)`` pairs.
         nests (tuple): Its block layers, whose parts (``stages.model_parts``) are blocks of their own (``_layout``):
             the unit's ``+parts`` modes recompute each part of them as a region of its own (inside the unit's
@@ -187,7 +192,7 @@ class Candidate:
         """
         loss = {} if self.loss is None else {"checkpoint_loss": self.loss}
         if self.mode in MODES:
-            stages = [u for u in self.units if isinstance(u, int)]
+            stages = [k for u in self.units for k in (u if isinstance(u, JOINED) else (u,)) if isinstance(k, int)]
             return {"checkpoint_stages": stages, "checkpoint_layers": self._head_layers(), "checkpoint_mode": self.mode,
                     **loss}
         return {"checkpoint_stages": [], "checkpoint_layers": self._items(), "checkpoint_mode": "full", **loss}
@@ -205,7 +210,7 @@ class Candidate:
     def _head_layers(self) -> str | list:
         """``checkpoint_layers`` of a one-mode plan: ``head`` when it recomputes every unit after the backbone (or,
         without a layout, the head unit), else the ranges of those it recomputes."""
-        after = [w for w in self.layout or () if not isinstance(w.unit, int)]
+        after = [w for w in self.layout or () if w.unit in (NECK, HEAD)]
         if all(w.unit in self.units for w in after) if after else HEAD in self.units:
             return HEAD
         return [list(r) for w in after if w.unit in self.units for r in w.ranges]
@@ -364,8 +369,8 @@ def _describe_plan(c: Candidate) -> str:
 
 
 def _describe_units(units: tuple, mode: str) -> str:
-    stages = [u for u in units if isinstance(u, int)]
-    parts = ([f"stages {stages}"] if stages else []) + [u for u in (NECK, HEAD) if u in units]
+    stages = ["+".join(map(str, u)) if isinstance(u, JOINED) else str(u) for u in units if u not in (NECK, HEAD)]
+    parts = ([f"stages [{', '.join(stages)}]"] if stages else []) + [u for u in (NECK, HEAD) if u in units]
     return " + ".join(parts) + (f" {mode}" if mode != "full" else "") if parts else "none"
 
 
@@ -451,10 +456,11 @@ class Costs:
     def groups(self) -> list[tuple]:
         """The units plans recompute or not together: each alone where units take modes of their own; in one mode
         for all, neck and head layer together, as ``checkpoint_layers=head`` (their plans are the user's keys)."""
-        after = tuple(u for u in self.units if u in (NECK, HEAD))
-        if self.mixed or not after:
+        if self.mixed:
             return [(u,) for u in self.units]
-        return [(u,) for u in self.units if u not in after] + [after]
+        after = tuple(u for u in self.units if u in (NECK, HEAD))
+        alone = [(u,) for u in self.units if u not in after and not isinstance(u, JOINED)]  # stages join by themselves
+        return alone + [after] if after else alone
 
     def modes_of(self, unit: Any) -> tuple[str, ...]:
         """The modes ``unit`` was measured in (those with its parts only where it has block layers)."""
@@ -551,7 +557,8 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     # one copy for every probe, each plan installed in turn (a copy each took a third of planning on a simulated
     # device); its BatchNorm statistics move from probe to probe, which no step's bytes, FLOPs or time depend on,
     # and its loss is put back as the copy had it, so that every probe is the first step of a fresh copy
-    probes = [(None, "full"), *((u, k) for u in units for k in UNIT_MODES if k in MODES or where[u].nests),
+    probes = [(None, "full"), *((u, k) for u in units for k in UNIT_MODES
+                                if k in MODES or where[u].nests and (split_mode(k)[0] or not isinstance(u, JOINED))),
               *((LOSS, k) for k in loss_modes)]
     base = "none" if loss_modes else None  # the loss the network's probes run
     with planned_copy(model, [], loss=base) as m:
@@ -578,7 +585,8 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
 def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[Layout, ...]:
     """Each unit's ``Layout``. Its block layers (``Layout.nests``, only where plans take modes per region) are
     those whose parts are blocks of their own (a part with modules inside: C3k2's ``cv1``/``m.0``/``cv2``, Detect's
-    branches), not a ``Conv``'s convolution and BatchNorm, which recomputed apart keep nothing less."""
+    branches), not a ``Conv``'s convolution and BatchNorm, which recomputed apart keep nothing less. Where plans take
+    a mode per unit and the stem's output feeds only the next stage, the two as one unit, after the second."""
     parts = model_parts(model) if mixed else {}
 
     def composite(i: int) -> bool:
@@ -589,6 +597,10 @@ def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[L
         return tuple(i for a, b in ranges for i in range(a, b + 1) if composite(i))
 
     spans = [(k, ((layers[0], layers[-1]),)) for k, layers in sorted(stages.items())]
+    if mixed and len(stages) > 1 and (second := sorted(stages)[1]) in joined_stages(model):
+        first = min(stages)
+        at = next(i for i, (u, _) in enumerate(spans) if u == second) + 1
+        spans.insert(at, ((first, second), ((stages[first][0], stages[second][-1]),)))
     spans += [(NECK, head[:-1])] if len(head) > 1 else []  # the head layer is the last region of the keyword's
     spans += [(HEAD, head[-1:])]
     return tuple(Layout(u, ranges, nests(ranges)) for u, ranges in spans)
@@ -605,8 +617,11 @@ def _mode_choices(costs: Costs, units: tuple) -> Iterator[tuple]:
 def space_size(costs: Costs) -> int:
     """How many candidate plans ``costs``' units make: each unit off or in one of its modes (with per-unit modes),
     else every set of ``Costs.groups`` in each of ``MODES``."""
-    plans = (math.prod(1 + len(costs.modes_of(u)) for u in costs.units) - 1 if costs.mixed
-             else len(MODES) * (2 ** len(costs.groups()) - 1))
+    n = {u: len(costs.modes_of(u)) for u in costs.units}
+    joined = [u for u in costs.units if isinstance(u, JOINED)]  # with neither of its stages, or not at all
+    alone = [u for u in costs.units if not isinstance(u, JOINED) and not any(u in j for j in joined)]
+    plans = (math.prod(1 + n[u] for u in alone) * math.prod(math.prod(1 + n[k] for k in j) + n[j] for j in joined) - 1
+             if costs.mixed else len(MODES) * (2 ** len(costs.groups()) - 1))
     return (plans + 1) * (1 + len(costs.loss)) - 1  # each with the loss plan or without, and the loss plans alone
 
 
@@ -616,8 +631,15 @@ def _every_plan(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
     for n in range(1, len(groups) + 1):
         for chosen in itertools.combinations(groups, n):
             subset = tuple(u for g in chosen for u in g)
+            if _clash(subset):
+                continue
             for modes in _mode_choices(costs, subset):
                 yield subset, modes
+
+
+def _clash(units: tuple) -> bool:
+    """Whether ``units`` holds a stage twice: a joined unit (``JOINED``) and one of its stages."""
+    return any(k in units for u in units if isinstance(u, JOINED) for k in u)
 
 
 class _Partial(NamedTuple):
@@ -665,6 +687,8 @@ def _front_plans(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
         for g in costs.groups():  # more than one unit only in one mode for all
             grown = list(plans)
             for q in plans:
+                if _clash((*q.units, *g)):
+                    continue
                 for m in costs.modes_of(g[0]) if only is None else (only,):
                     r = q
                     for u in g:
@@ -724,12 +748,14 @@ def least_keeping(costs: Costs, batch: int = 1, fixed: int = 0) -> Candidate:
 
 def deepest(model: nn.Module) -> dict[str, Any]:
     """The settings of the plan that recomputes the most, known without measuring anything: every unit (each stage,
-    the neck, the head layer) full, and, where the model's plans take a mode per region, each of its block layers'
-    parts a full region nested inside (``NESTED``). Escalation takes it as the plan that keeps the least until the
-    units are measured (``least_keeping``). Builds ``checkpoint_layers=head`` with a dry run: call it where memory
-    is free."""
+    the stem in stage 2's region where plans take a mode per region, the neck, the head layer) full, and, where the
+    model's plans take a mode per region, each of its block layers' parts a full region nested inside (``NESTED``).
+    Escalation takes it as the plan that keeps the least until the units are measured (``least_keeping``). Builds
+    ``checkpoint_layers=head`` with a dry run: call it where memory is free."""
     head = tuple((r[0], r[-1]) for r in CheckpointPlan.from_spec(model, [], HEAD).layer_regions)
     layout = _layout(model, model_stages(model), head, per_region_modes(model))
+    joined = {k for w in layout if isinstance(w.unit, JOINED) for k in w.unit}  # the stem in stage 2's region
+    layout = tuple(w for w in layout if w.unit not in joined)
     modes = tuple(NESTED if w.nests else "full" for w in layout)
     return Candidate(tuple(w.unit for w in layout), modes, 0, 0, head, layout=layout).settings
 

@@ -156,6 +156,7 @@ class CheckpointPlan:
         if requested == [] and ranges:  # layer ranges need no stages (a model without them can still use these)
             return cls(tuple(_layer_regions(model, ranges, layers, {})))
         stages, read_later, chained = _analyse(model)
+        joined = _joined(stages, read_later, chained)
         extra = _layer_regions(model, ranges, layers, stages) if ranges != [] else []
         if requested is None:  # "all"
             requested = sorted(stages)
@@ -166,7 +167,7 @@ class CheckpointPlan:
         regions: list[Region] = []
         for k in requested:
             last = regions[-1] if regions else None
-            merge = last and last.stages[-1] == k - 1 and last.layers[-1] not in read_later and stages[k][0] in chained
+            merge = last and last.stages[-1] == k - 1 and k in joined
             if merge:
                 regions[-1] = Region((*last.stages, k), (*last.layers, *stages[k]))
             else:
@@ -301,6 +302,21 @@ def _analyse(model: Any) -> tuple[dict[int, tuple[int, ...]], set[int], set[int]
     layers, save, cfg, name = _built(model)
     chained = {m.i for m in layers if m.f == -1}
     return _by_architecture("stages", layers, cfg, lambda: backbone_stages(layers, cfg, name=name)), set(save), chained
+
+
+def _joined(stages: dict[int, tuple[int, ...]], read_later: set[int], chained: set[int]) -> set[int]:
+    return {k for k in stages if k - 1 in stages and stages[k - 1][-1] not in read_later and stages[k][0] in chained}
+
+
+def joined_stages(model: Any) -> set[int]:
+    """The stages whose region ``CheckpointPlan.from_spec`` joins to the previous stage's when both are requested:
+    the tensor between them is read by nothing but this stage's first layer, which reads nothing else.
+
+    Examples:
+        >>> joined_stages("yolo11n.yaml")  # stages 2 and 3 join the one before; P3's and P4's outputs feed the neck
+        {2, 3}
+    """
+    return _joined(*_analyse(model))
 
 
 def layer_inputs(m: nn.Module) -> list[int]:
