@@ -9,14 +9,17 @@ Two network plans, a row each:
 
 - ``all + head``: ``checkpoint_stages=all checkpoint_layers=head``, the "today" column of the loss's issue;
 - ``least-keeping`` (with ``--least-keeping PX``): the layer plan ``planner.least_keeping`` predicts to keep the
-  least, where escalation ends and ``profile`` points: each stage, the neck and the head recomputed, with their block
-  layers' parts nested inside, in regions of their own. Its units are measured at ``PX`` px (``unit_costs``, about
-  90 s for yolo11n at 1024 px) and the plan it gives is measured at ``--imgsz``;
+  least, where escalation ends and ``profile`` points: each stage (the stem in stage 2's region where that keeps
+  less), the neck and the head recomputed, with their block layers' parts nested inside, in regions of their own.
+  Its units are measured at ``PX`` px (``unit_costs``, about 90 s for yolo11n at 1024 px), with the loss plan
+  ``--planned-with`` (as a run with that ``checkpoint_loss`` plans), and the plan it gives is measured at
+  ``--imgsz``;
 - ``--stages S --layers L`` (with ``--extra``): a plan written out, as ``checkpoint_stages`` and ``checkpoint_layers``.
 
 Usage:
     python benchmarks/loss_plan.py --models yolo11n-seg.yaml yolo11n.yaml --imgsz 1024 --objects 300 --repeats 2
     python benchmarks/loss_plan.py --models yolo11n.yaml --imgsz 1024 --objects 300 --least-keeping 1024
+    python benchmarks/loss_plan.py --models yolo26n-sem.yaml --least-keeping 1024 --planned-with chunked
     python benchmarks/loss_plan.py --models yolo11n.yaml --extra --stages "[1,2]" \
         --layers "['2.*','3-4','5-6','7-10','13','16','17','19','20','22','23.*']"   # the stem in stage 2's region
 """
@@ -32,16 +35,20 @@ from yolo_ckpt.measure import build_model, measure_peak, time_steps, training_ba
 
 
 def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int, batch: int,
-                  extra: tuple | None = None) -> list[tuple[str, tuple]]:
-    """``(name, (stages, mode, layers))`` of each network plan the table has a row for."""
+                  extra: tuple | None = None, planned_with: str = "none") -> list[tuple[str, tuple]]:
+    """``(name, (stages, mode, layers))`` of each network plan the table has a row for; the least-keeping plan's units
+    measured with the loss plan ``planned_with``, as a run with that ``checkpoint_loss`` measures them."""
     plans = [("all + head", ("all", "full", "head"))]
     if extra is not None:
         plans.append((f"stages {extra[0]} + layers {extra[1]}", (extra[0], "full", extra[1])))
     if least_keeping:
         planner.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
+        enable_loss_checkpointing(model, planned_with)  # every planning copy carries the model's loss plan
         c = planner.least_keeping(planner.unit_costs(model, least_keeping, objects), batch)
+        enable_loss_checkpointing(model, "none")
         s = c.settings
-        plans.append((f"least-keeping: {planner.describe(c)}",
+        told = "" if planned_with == "none" else f" (planned with loss {planned_with})"
+        plans.append((f"least-keeping{told}: {planner.describe(c)}",
                       (s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])))
     return plans
 
@@ -55,6 +62,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="timed steps per plan (median)")
     p.add_argument("--least-keeping", type=int, metavar="PX", default=None,
                    help="also a row for the least-keeping layer plan, its units measured at PX px")
+    p.add_argument("--planned-with", choices=LOSS_MODES, default="none",
+                   help="the checkpoint_loss the least-keeping plan's units are measured with")
     p.add_argument("--extra", action="store_true", help="also a row for the plan of --stages and --layers")
     p.add_argument("--stages", default="[]", help="checkpoint_stages of the --extra plan, e.g. \"[1,2]\"")
     p.add_argument("--layers", default="[]", help="checkpoint_layers of the --extra plan, e.g. \"['2.*','3-4']\"")
@@ -67,7 +76,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = build_model(name)
         data = training_batch(model, a.imgsz, a.batch, a.objects)
-        rows = network_plans(model, a.least_keeping, a.objects, a.batch, extra)
+        rows = network_plans(model, a.least_keeping, a.objects, a.batch, extra, a.planned_with)
         plans = [model]
         for _, spec in rows:
             for how in LOSS_MODES:
