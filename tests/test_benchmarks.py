@@ -162,3 +162,26 @@ def test_loss_memory_measures_the_loss_of_every_family(tmp_path, monkeypatch):
         data = training_batch(model, 64, 2)
         alone = loss_alone(model, data)
         assert 0 < alone < measured_step(model, 64, 2), name
+
+
+def test_the_network_alone_is_the_least_a_loss_plan_can_reach(monkeypatch):
+    """The whole-network step's network alone (its backward fed the loss's gradients) is below the step where the
+    loss sets the peak (yolo26n-sem's 19 full-resolution classes) and equal to it, up to a few scalars, where the
+    network does (yolo11n's recompute), both measured by a fresh tracker around the step; ``chunked``'s step lies
+    between the two, up to a few scalars."""
+    from yolo_ckpt.loss import enable_loss_checkpointing
+    from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from loss_memory import network_alone
+
+    for name, below in (("yolo26n-sem.yaml", True), ("yolo11n.yaml", False)):
+        model = with_plan(build_model(name), "all", "full", "head")
+        data = training_batch(model, 192, 2)
+        step, network = measure_peak(model, data).peak, network_alone(model, data)
+        # equal up to 64 B: the loss's scalars, alive in the real step's backward, and the surrogate's in ours
+        assert (network < step - 2**20) if below else abs(network - step) <= 64, name
+        if below:
+            enable_loss_checkpointing(model, "chunked")
+            chunked = measure_peak(model, data).peak
+            assert network - 64 <= chunked < step  # 64 B: the surrogate's scalars, which the real step lacks

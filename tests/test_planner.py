@@ -383,19 +383,3 @@ def test_the_stem_and_the_next_stage_are_a_unit_of_one_region(small, exhaustive,
                                imgsz=160)
     assert_same_training(str(cfg), [], vanilla, ckpt, layers=s["checkpoint_layers"])
 
-
-def test_a_window_from_a_head_of_several_outputs_starts_after_the_loss_backward():
-    """``step_phases`` starts a layer's window once backward has reached every tensor of its output: a semantic
-    head's output is a tuple, and its window (the rest of the backward, after the loss's) lies below the whole
-    backward's peak, which is the loss's backward here. The hooks keep none of the outputs alive: what the step keeps
-    is what it keeps without them."""
-    from yolo_ckpt.measure import build_model
-    from yolo_ckpt.planner import step_phases
-
-    model = build_model("yolo26n-sem.yaml")
-    m = with_plan(model, "all", "full", HEAD)
-    data = training_batch(model, 192, 2)  # its 19 classes' full-resolution loss above the network's backward
-    whole, head = step_phases(m, data), step_phases(m, data, last=len(m.model) - 1)
-    assert head.kept == whole.kept and head.backward == whole.backward == whole.window
-    assert 0 < head.window < whole.backward
-    disable_checkpointing(m)

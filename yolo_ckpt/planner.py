@@ -63,7 +63,6 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from .autobatch import BatchPlan, ProbeRoom, plan_batch, probe_room
 from .device import MemoryLimit, unless_oom
@@ -377,7 +376,7 @@ def _describe_units(units: tuple, mode: str) -> str:
 
 @dataclass(frozen=True)
 class Phases:
-    """Exact bytes of one training step at batch 1 (``step_phases``), and its FLOPs.
+    """Exact bytes of one training step at batch 1 (``_phases``), and its FLOPs.
 
     Attributes:
         kept (int): Alive after the loss: kept for backward.
@@ -398,11 +397,8 @@ class Phases:
     seconds: float = 0.0
 
 
-def step_phases(model: nn.Module, batch: dict, amp: torch.dtype | None = None, last: int | None = None,
-                limit: int | None = None) -> Phases:
-    """Measure ``Phases`` of a step of ``model`` that may allocate at most ``limit`` bytes; its window starts where
-    backward has reached every tensor of layer ``last``'s output (``None``: the whole backward; a head's output is a
-    tuple or dict of tensors)."""
+def _phases(model: nn.Module, batch: dict, amp: torch.dtype | None, last: int | None, limit: int | None) -> Phases:
+    """Measure ``Phases`` of a step of ``model`` that may allocate at most ``limit`` bytes."""
     model.zero_grad(set_to_none=True)
     hooks = []
     # without a limit an exact tracker: a limit sizes every op on meta tensors before it runs
@@ -410,17 +406,9 @@ def step_phases(model: nn.Module, batch: dict, amp: torch.dtype | None = None, l
     with tracker:
         marks = {}
 
-        def mark(m: nn.Module, args: Any, out: Any) -> None:  # backward reaches all of this output: start the window
-            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-            n = len(outs)  # not the tensors themselves: the hook must not keep them alive
-
-            def reached(g: torch.Tensor) -> None:
-                marks["reached"] = marks.get("reached", 0) + 1
-                if marks["reached"] == n:
-                    marks.setdefault("bwd", tracker.peak) and tracker.reset_peak()
-
-            for t in outs:
-                t.register_hook(reached)
+        def mark(m: nn.Module, args: Any, out: Any) -> None:  # backward reaches this output: start the window
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda g: marks.setdefault("bwd", tracker.peak) and tracker.reset_peak())
 
         if last is not None:
             hooks.append(model.model[last].register_forward_hook(mark))
@@ -530,7 +518,7 @@ def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torc
     data = training_batch(m, imgsz, 1, objects)
     limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
     device = next(m.parameters()).device
-    phases = unless_oom(lambda: step_phases(m, data, amp, last, limit), device)
+    phases = unless_oom(lambda: _phases(m, data, amp, last, limit), device)
     if phases is None:
         return None
     # the same step again; still bounded by the device: a CUDA allocator may need more than the exact bytes
