@@ -68,7 +68,9 @@ LOSS_HELP = ("'none' (Ultralytics' loss), 'exact' (bit for bit: each image's mas
              "pose, obb)")
 LOSS_TASKS = {"exact": ("segment",), "chunked": ("detect", "segment", "semantic", "pose", "obb")}
 """Tasks whose criterion each value changes: ``exact`` the instance-mask loss, ``chunked`` also the semantic loss and
-every ``TaskAlignedAssigner``. Classification, depth and RT-DETR (a Hungarian matcher) have no loss region yet."""
+every ``TaskAlignedAssigner``. Classification, depth and RT-DETR (a Hungarian matcher) have no loss region: with the
+whole network checkpointed, depth's step peaks in the network's backward, after the loss's (its network alone is the
+step, ``benchmarks/loss_memory.py``), and RT-DETR's loss holds a few MiB."""
 CHUNK_ROWS_PIXELS = 2**22
 """``chunked``: foreground rows times mask pixels per chunk of the mask loss (16 MiB per ``rows x h x w`` fp32
 tensor; 64 rows of 256 x 256 masks, the 1024 px default), so that its memory no longer grows with objects."""
