@@ -8,6 +8,7 @@ bytes (``LiveTensorTracker``), one training step at a time:
 - the step as planning measures it (``yolo_ckpt.measure.measure_peak``: ``model.loss`` forward and backward, the
   loss included), vanilla and with the whole network checkpointed;
 - the loss alone: its forward and its backward into the head's outputs (detached leaves), on top of nothing else;
+  also with ``checkpoint_loss=chunked`` where the task has it;
 - the whole-network step's network alone: its forward, then its backward from the head's outputs with the loss's
   gradients, the loss computed between them on detached outputs and left out of the peak. That is the least any loss
   plan (``checkpoint_loss``) can bring the step to: where it equals the step, no loss plan lowers it.
@@ -20,6 +21,7 @@ import argparse
 
 import torch
 
+from yolo_ckpt.loss import LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan
 from yolo_ckpt.memory import LiveTensorTracker
 
@@ -69,8 +71,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     a = p.parse_args()
     print("| model | imgsz | batch | step peak MiB (vanilla) | loss alone MiB | share | step peak MiB (all + head) "
-          "| loss alone / that | network alone MiB (all + head) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| loss alone / that | network alone MiB (all + head) | loss alone, chunked MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in a.models:
         model = build_model(name)
         for imgsz in a.imgsz:
@@ -80,9 +82,14 @@ def main() -> None:
             whole = measure_peak(checkpointed, data).peak
             network = network_alone(checkpointed, data)
             alone = loss_alone(model, data)
+            chunked = "n/a"
+            if model.args.task in LOSS_TASKS["chunked"] and "rtdetr" not in name:
+                enable_loss_checkpointing(model, "chunked")
+                chunked = f"{loss_alone(model, data) / 2**20:.0f}"
+                enable_loss_checkpointing(model, "none")
             print(f"| {name} | {imgsz} | {a.batch} | {vanilla / 2**20:.0f} | {alone / 2**20:.0f} | "
-                  f"{alone / vanilla:.3f} | {whole / 2**20:.0f} | {alone / whole:.3f} | {network / 2**20:.0f} |",
-                  flush=True)
+                  f"{alone / vanilla:.3f} | {whole / 2**20:.0f} | {alone / whole:.3f} | {network / 2**20:.0f} | "
+                  f"{chunked} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,19 @@ def step(model, batch, how: str = "none", amp=None) -> dict:
             "grads": {n: p.grad for n, p in model.named_parameters()}}
 
 
+def assert_within_rounding(chunked: dict, vanilla: dict) -> None:
+    """``step``'s loss and loss items within 1e-5 relative of vanilla's, every gradient within 1e-4 of the largest
+    (the bound of ``test_chunked_is_equal_up_to_float_rounding``), and a lower peak."""
+    torch.testing.assert_close(chunked["loss"], vanilla["loss"], rtol=1e-5, atol=0)
+    for k in vanilla["items"]:
+        torch.testing.assert_close(chunked["items"][k], vanilla["items"][k], rtol=1e-5, atol=0)
+    grads = {k: g for k, g in vanilla["grads"].items() if g is not None}
+    top = max(float(g.abs().max()) for g in grads.values())
+    for k, g in grads.items():
+        assert float((chunked["grads"][k] - g).abs().max()) <= 1e-4 * top, k
+    assert chunked["peak"] < vanilla["peak"]
+
+
 def instance_masks(batch: dict) -> dict:
     """The batch with ``overlap_mask=False`` masks: one mask per object (Ultralytics' format without overlap)."""
     idx = batch["batch_idx"].long()
@@ -155,14 +168,31 @@ def test_chunked_semantic_loss_is_equal_up_to_float_rounding(case, monkeypatch):
     vanilla, chunked = step(model, batch), step(model, batch, "chunked")
     # per image, twice: the main logits' 32 rows (1/8) in 11 blocks of 3, the auxiliary's 16 rows (1/16) one by one
     assert blocks.count(True) == 2 * 2 * 11 and blocks.count(False) == 2 * 2 * 16
-    torch.testing.assert_close(chunked["loss"], vanilla["loss"], rtol=1e-5, atol=0)
-    for k in vanilla["items"]:
-        torch.testing.assert_close(chunked["items"][k], vanilla["items"][k], rtol=1e-5, atol=0)
-    grads = {k: g for k, g in vanilla["grads"].items() if g is not None}
-    top = max(float(g.abs().max()) for g in grads.values())
-    for k, g in grads.items():
-        assert float((chunked["grads"][k] - g).abs().max()) <= 1e-4 * top, k
-    assert chunked["peak"] < vanilla["peak"]
+    assert_within_rounding(chunked, vanilla)
+
+
+@pytest.mark.parametrize("case", ["dense", "invalid rows", "sparse: coarse scales stop for one image"])
+def test_chunked_depth_loss_is_equal_up_to_float_rounding(case, monkeypatch):
+    """The depth loss in blocks of 24 rows of one image (the prediction upsampled from 1/4 inside each block): SILog
+    and every scale of the gradient-matching loss within float32 rounding of vanilla's (the bound of
+    ``test_chunked_is_equal_up_to_float_rounding``), each block run twice per pass (forward and recompute), and
+    less memory. Invalid rows, and a sparse image (one valid pixel in four, as LiDAR: its coarser scales stop, as
+    Ultralytics' per-image ``keep`` says) cross block boundaries."""
+    torch.manual_seed(0)
+    model = build_model("yolo26n-depth.yaml")
+    batch = training_batch(model, 256, 2)
+    if case == "invalid rows":
+        batch["depth"][0, 20:70] = 0
+    if case.startswith("sparse"):
+        batch["depth"][1] *= (torch.rand(256, 256) < 0.25).float()
+    blocks = []
+    real = ckpt_loss._depth_block
+    monkeypatch.setattr(ckpt_loss, "_depth_block", lambda *a: blocks.append(a[-1] is None) or real(*a))
+    monkeypatch.setattr(ckpt_loss, "CHUNK_DEPTH_PIXELS", 256 * 24)
+    vanilla, chunked = step(model, batch), step(model, batch, "chunked")
+    # per image 11 blocks (10 of 24 rows, 16 left), each in both passes, forward and recompute
+    assert blocks.count(True) == blocks.count(False) == 2 * 2 * 11
+    assert_within_rounding(chunked, vanilla)
 
 
 def retried_then_chunked(model, batch, seen: list, between=None) -> tuple[list, list]:
@@ -385,3 +415,37 @@ def test_auto_may_choose_no_loss_plan_where_chunked_was_allowed(tmp_path, counte
     assert chosen["checkpoint_loss"] == "none" and chosen["checkpoint_stages"] == []
     assert saved_settings(torch_load(ckpt / "weights" / "best.pt"))["checkpoint_loss"] == "none"
     assert_same_run(vanilla, ckpt)
+
+
+def test_chunked_depth_trains_and_saves_plain_ultralytics(tmp_path, small_data, monkeypatch):
+    """yolo26n-depth trained with ``checkpoint_loss=chunked`` through Ultralytics' trainer (the criterion a wrapper:
+    its EMA copy, validation and saving): its steps ran the depth loss in blocks, validation Ultralytics' own,
+    args.yaml records the loss plan, and best.pt loads in plain Ultralytics with safe loading, yolo_ckpt
+    unimportable, without a criterion."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from yolo_ckpt import YOLO
+
+    calls = []
+    real = ckpt_loss._depth_block
+    monkeypatch.setattr(ckpt_loss, "_depth_block", lambda *a: calls.append(torch.is_grad_enabled()) or real(*a))
+    m = YOLO("yolo26n-depth.yaml")
+    m.train(data=small_data("depth"), project=str(tmp_path), name="r", checkpoint_loss="chunked",
+            **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})
+    run = m.trainer.save_dir
+    assert calls and all(calls)  # training steps only: validation runs without gradients, Ultralytics' loss
+    assert yaml.safe_load((run / "args.yaml").read_text())["checkpoint_loss"] == "chunked"
+    code = f"""
+import sys
+sys.modules["yolo_ckpt"] = None
+from ultralytics import YOLO
+m = YOLO(r"{run / 'weights' / 'best.pt'}")
+print("OK", m.task, type(getattr(m.model, "criterion", None)).__name__)
+"""
+    env = {**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and "OK depth NoneType" in out.stdout, out.stderr[-2000:]

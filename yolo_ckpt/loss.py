@@ -21,6 +21,10 @@ Once the network is checkpointed, the loss holds most of a dense or high-resolut
     candidate pairs runs vectorized in the body and scalar in the tail of a list, and per image the tail moves
     (measured on this project's AVX-512 CPU: ``x[:k].pow(6.0)`` differs from ``x.pow(6.0)[:k]`` for 29 of the first
     199 ``k``; the gradients of yolo26n and yolo11n-obb then differ);
+  - depth (``DepthLoss26``): the prediction upsampled, and the SILog and multi-scale gradient-matching terms
+    computed, in blocks of rows of one image (``CHUNK_DEPTH_PIXELS``, rows aligned to the coarsest scale), each
+    block a region returning its sums; the mean of the log differences is the blocks' first sums, the centred
+    variance a second pass of blocks. The criterion, a plain class, is wrapped (``ChunkedDepthLoss``);
   - YOLO26 segmentation's mask-aware assignment (``SegTaskAlignedAssigner``, which scores each object's best anchors
     by the IoU of their predicted masks) in groups of objects (``CHUNK_MASK_IOU_PIXELS``), so that it no longer
     decodes a whole image's candidate masks at once: the step's peak at 1024 px with 300 objects per image.
@@ -64,13 +68,14 @@ LOSS_MODES = ("none", "exact", "chunked")
 ``chunked`` (bounded memory, not bitwise)."""
 LOSS_HELP = ("'none' (Ultralytics' loss), 'exact' (bit for bit: each image's mask loss recomputed in backward; "
              "segment) or 'chunked' (not bitwise, equal up to float rounding: the mask loss in chunks of foreground "
-             "rows, the semantic loss in blocks of pixels, the assignment image by image; detect, segment, semantic, "
-             "pose, obb)")
-LOSS_TASKS = {"exact": ("segment",), "chunked": ("detect", "segment", "semantic", "pose", "obb")}
-"""Tasks whose criterion each value changes: ``exact`` the instance-mask loss, ``chunked`` also the semantic loss and
-every ``TaskAlignedAssigner``. Classification, depth and RT-DETR (a Hungarian matcher) have no loss region: with the
-whole network checkpointed, depth's step peaks in the network's backward, after the loss's (its network alone is the
-step, ``benchmarks/loss_memory.py``), and RT-DETR's loss holds a few MiB."""
+             "rows, the semantic and depth losses in blocks of pixels, the assignment image by image; detect, segment, "
+             "semantic, depth, pose, obb)")
+LOSS_TASKS = {"exact": ("segment",), "chunked": ("detect", "segment", "semantic", "depth", "pose", "obb")}
+"""Tasks whose criterion each value changes: ``exact`` the instance-mask loss, ``chunked`` also the semantic and depth
+losses and every ``TaskAlignedAssigner``. Classification and RT-DETR (a Hungarian matcher; its loss holds a few MiB)
+have no loss region. With the whole network checkpointed, depth's step peaks in the network's backward, after the
+loss's (its network alone is the step, ``benchmarks/loss_memory.py``): ``chunked`` bounds the depth loss's own
+memory, not that step's."""
 CHUNK_ROWS_PIXELS = 2**22
 """``chunked``: foreground rows times mask pixels per chunk of the mask loss (16 MiB per ``rows x h x w`` fp32
 tensor; 64 rows of 256 x 256 masks, the 1024 px default), so that its memory no longer grows with objects."""
@@ -81,6 +86,10 @@ predicted mask): objects in groups of ``CHUNK_MASK_IOU_PIXELS // (3 * topk * mas
 at 1024 px, batch 2, 300 objects per image (``tests/test_loss.py`` checks the groups at 160 px): each group's overlaps
 at most 24 MiB, each image's whole assignment at most 99 MiB, against 4.0 GB for Ultralytics' assignment of the
 batch (its decode takes at least one image's candidate anchors at once)."""
+CHUNK_DEPTH_PIXELS = 2**18
+"""``chunked``: full-resolution pixels per block of the depth loss (1 MiB per fp32 map of a block: 256 rows of a
+1024 px image; each block holds a few such maps and their log-depth pyramid), so that its memory no longer grows with
+the image's area."""
 CHUNK_PIXELS = 2**22
 """``chunked``: classes times full-resolution pixels per block of the semantic loss (16 MiB per fp32 block of
 upsampled logits: 208 rows of a 1024 px mask with Cityscapes' 19 classes), so that its memory no longer grows with the
@@ -337,10 +346,129 @@ def _semantic_loss(criterion: Any, preds: Any, batch: dict) -> tuple[torch.Tenso
     return total * main.shape[0], items
 
 
-def _shadow_criterion(criterion: Any, how: str) -> Any:
-    """Shadow the methods ``how`` recomputes on ``criterion``'s instance (and its inner losses'); returns it."""
-    from ultralytics.utils.loss import SemanticSegmentationLoss, v8SegmentationLoss
+def _upsampled_rows(pred: torch.Tensor, a: int, e: int, size: tuple[int, int]) -> torch.Tensor:
+    """Rows ``a:e`` of ``pred`` (``1 x 1 x h x w``) upsampled to ``size`` as ``F.interpolate(..., mode="bilinear",
+    align_corners=True)`` does (``DepthLoss26``, 8.4.190), reading only the input rows they need: equal up to float
+    rounding (the weights are applied rows first, then columns)."""
+    (h, w), (big_h, big_w) = pred.shape[-2:], size
+    if (h, w) == (big_h, big_w):
+        return pred[:, :, a:e]
 
+    def taps(n_in: int, n_out: int, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        src = at.to(torch.float32) * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+        lo = src.floor().long().clamp(max=n_in - 1)
+        return lo, (lo + 1).clamp(max=n_in - 1), (src - lo).to(pred.dtype)
+
+    y0, y1, ly = taps(h, big_h, torch.arange(a, e, device=pred.device))
+    x0, x1, lx = taps(w, big_w, torch.arange(big_w, device=pred.device))
+    rows = pred[0, 0, y0] * (1 - ly[:, None]) + pred[0, 0, y1] * ly[:, None]
+    return (rows[:, x0] * (1 - lx) + rows[:, x1] * lx)[None, None]
+
+
+def _depth_pyramid(criterion: Any, gt: torch.Tensor, valid: torch.Tensor) -> list[tuple]:
+    """The ground truth's side of ``DepthLoss26``'s gradient-matching scales, which needs no gradient: per scale its
+    log-depth, valid weights and pooling denominator (``None`` at full resolution), stopping where its loop stops."""
+    gt_log, valid_f = torch.log(gt.clamp(min=0.001)), valid.float()
+    levels = [(gt_log, valid_f, None)]
+    for _ in range(1, max(criterion.grad_scales, 1)):
+        if gt_log.shape[-1] < 4 or gt_log.shape[-2] < 4:
+            break
+        vp = F.avg_pool2d(valid_f, 2)
+        occupied = vp > 0
+        keep = (vp.sum(dim=(1, 2, 3)) > 0.7 * occupied.sum(dim=(1, 2, 3))).view(-1, 1, 1, 1)
+        if not keep.any():
+            break
+        denom = vp.clamp(min=1e-6)
+        gt_log = F.avg_pool2d(gt_log * valid_f, 2) / denom
+        valid_f = occupied.float() * keep
+        levels.append((gt_log, valid_f, denom))
+    return levels
+
+
+def _depth_block(pred: torch.Tensor, gt: torch.Tensor, levels: list[tuple], i: int, rows: tuple[int, int, int],
+                 mean: torch.Tensor | None) -> torch.Tensor:
+    """Image ``i``'s full-resolution rows ``a:b`` (read with the halo ``b:e`` that the coarser scales' row
+    differences need): with ``mean`` ``None``, each scale's sums of ``|pred_dx - gt_dx|`` and ``|pred_dy - gt_dy|``
+    over the rows it owns and the sum of its valid log differences; else the sum of their squared deviations from
+    ``mean`` (SILog's centred variance)."""
+    a, b, e = rows
+    p = _upsampled_rows(pred[i:i + 1], a, e, gt.shape[-2:])
+    valid = levels[0][1][i:i + 1, :, a:b] > 0
+    diff = (torch.log(p[:, :, :b - a].clamp(min=0.001)) - levels[0][0][i:i + 1, :, a:b])[valid]
+    if mean is not None:
+        return ((diff - mean) ** 2).sum().view(1)
+    sums, pred_log = [], torch.log(p.clamp(min=0.001))
+    for k, (gt_log, valid_f, denom) in enumerate(levels):
+        at, n = a >> k, pred_log.shape[-2] if k == 0 else (pred_log.shape[-2] // 2)
+        if k:
+            prev = levels[k - 1][1][i:i + 1, :, a >> (k - 1):(a >> (k - 1)) + pred_log.shape[-2]]
+            pred_log = F.avg_pool2d(pred_log * prev, 2) / denom[i:i + 1, :, at:at + n]
+        g, v = gt_log[i:i + 1, :, at:at + n], valid_f[i:i + 1, :, at:at + n]
+        own = n if b == gt.shape[-2] else (b - a) >> k
+        pdx = (pred_log[:, :, :own, 1:] - pred_log[:, :, :own, :-1]) * v[:, :, :own, 1:] * v[:, :, :own, :-1]
+        gdx = (g[:, :, :own, 1:] - g[:, :, :own, :-1]) * v[:, :, :own, 1:] * v[:, :, :own, :-1]
+        dy = min(own, n - 1)
+        pdy = (pred_log[:, :, 1:dy + 1] - pred_log[:, :, :dy]) * v[:, :, 1:dy + 1] * v[:, :, :dy]
+        gdy = (g[:, :, 1:dy + 1] - g[:, :, :dy]) * v[:, :, 1:dy + 1] * v[:, :, :dy]
+        sums += [(pdx - gdx).abs().sum(), (pdy - gdy).abs().sum()]
+    return torch.stack([*sums, diff.sum()])
+
+
+def _depth_loss(criterion: Any, preds: Any, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``DepthLoss26.__call__`` (8.4.190) computed block by block (``_depth_block``, each block a region); Ultralytics'
+    own where it returns early, without gradients (validation), or where the rows do not split at the coarsest
+    scale."""
+    pred = preds["depth"] if isinstance(preds, dict) else preds
+    gt = batch["depth"].to(criterion.device)
+    gt = gt.unsqueeze(1) if gt.ndim == 3 else gt
+    valid = gt > 0.001
+    big_h, big_w = gt.shape[-2:]
+    levels = _depth_pyramid(criterion, gt, valid) if torch.is_grad_enabled() and valid.sum() >= 10 else []
+    align = 2 ** (len(levels) - 1)
+    if not levels or big_h % align:
+        return type(criterion).__call__(criterion, preds, batch)
+    step = max(align, CHUNK_DEPTH_PIXELS // big_w // align * align)
+    blocks = [(i, (a, min(a + step, big_h), min(a + step + align, big_h)))
+              for i in range(pred.shape[0]) for a in range(0, big_h, step)]
+    total = sum(checkpoint_region(partial(_depth_block, pred, gt, levels, i, rows, None), modules=())
+                for i, rows in blocks)
+    n = valid.sum()
+    mean = total[-1] / n
+    spread = sum(checkpoint_region(partial(_depth_block, pred, gt, levels, i, rows), mean, modules=())
+                 for i, rows in blocks)
+    silog = torch.sqrt(spread[0] / n + (1.0 - criterion.silog_lambda) * mean**2 + 1e-6)
+    grad = 0
+    for k, (gt_log, *_) in enumerate(levels):
+        (b, _, h, w) = gt_log.shape
+        grad = grad + total[2 * k] / (b * h * (w - 1)) + total[2 * k + 1] / (b * (h - 1) * w)
+    loss = torch.stack([silog * criterion.silog_weight, grad * criterion.grad_weight]).float()
+    return loss * pred.shape[0], dict(zip(criterion.loss_names, loss.detach()))
+
+
+class ChunkedDepthLoss:
+    """``DepthLoss26`` computed in blocks (``_depth_loss``): a wrapper, since a plain class's ``__call__`` cannot be
+    shadowed on its instance. Every attribute reads through to the wrapped criterion (``loss``)."""
+
+    def __init__(self, loss: Any):
+        self.loss = loss
+        self.checkpoint_loss = "chunked"
+
+    def __call__(self, preds: Any, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return _depth_loss(self.loss, preds, batch)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loss":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loss, name)
+
+
+def _shadow_criterion(criterion: Any, how: str) -> Any:
+    """Shadow the methods ``how`` recomputes on ``criterion``'s instance (and its inner losses'); returns it, or the
+    depth loss wrapped (``ChunkedDepthLoss``)."""
+    from ultralytics.utils.loss import DepthLoss26, SemanticSegmentationLoss, v8SegmentationLoss
+
+    if how == "chunked" and isinstance(criterion, (DepthLoss26, ChunkedDepthLoss)):
+        return criterion if isinstance(criterion, ChunkedDepthLoss) else ChunkedDepthLoss(criterion)
     if how == "chunked" and isinstance(criterion, SemanticSegmentationLoss):
         criterion.forward = partial(_semantic_loss, criterion)
         criterion.checkpoint_loss = how
@@ -385,7 +513,7 @@ def enable_loss_checkpointing(model: nn.Module, how: str) -> None:
     # built already (a resumed YOLO26 run's); getattr, not __dict__: an nn.Module criterion (the semantic loss) is
     # kept in _modules
     if (criterion := getattr(model, "criterion", None)) is not None:
-        _shadow_criterion(criterion, how)
+        model.criterion = _shadow_criterion(criterion, how)
 
 
 def disable_loss_checkpointing(model: nn.Module) -> None:
@@ -395,6 +523,8 @@ def disable_loss_checkpointing(model: nn.Module) -> None:
     criterion = getattr(model, "criterion", None)  # in __dict__ or, an nn.Module, in _modules
     if criterion is None:
         return
+    if isinstance(criterion, ChunkedDepthLoss):
+        model.criterion = criterion = criterion.loss
     for c in _criteria(criterion):
         c.assigner.__dict__.pop("_forward", None)
         c.assigner.__dict__.pop("pair_overlaps", None)
