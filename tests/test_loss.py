@@ -329,6 +329,24 @@ def test_a_built_semantic_criterion_is_shadowed_and_restored(monkeypatch):
                 "restored")
 
 
+def test_a_built_depth_criterion_is_wrapped_and_restored(monkeypatch):
+    """Ultralytics' depth loss is a plain class, so ``chunked`` wraps it (a resume or a validation built it already):
+    the wrapper runs the loss in blocks, and removing the plan puts Ultralytics' own criterion object back."""
+    model = build_model("yolo26n-depth.yaml")
+    batch = training_batch(model, 64, 2)
+    model.criterion = built = model.init_criterion()
+    blocks = []
+    real = ckpt_loss._depth_block
+    monkeypatch.setattr(ckpt_loss, "_depth_block", lambda *a: blocks.append(a) or real(*a))
+    enable_loss_checkpointing(model, "chunked")
+    assert isinstance(model.criterion, ckpt_loss.ChunkedDepthLoss) and model.criterion.loss is built
+    assert model.criterion.loss_names == built.loss_names  # attributes read through
+    model.loss(batch)[0].sum().backward()
+    assert blocks
+    disable_loss_checkpointing(model)
+    assert model.criterion is built and loss_checkpointing(model) is None
+
+
 @pytest.mark.parametrize("how, name", [("exact", "yolo11n.yaml"), ("exact", "yolo11n-pose.yaml"),
                                        ("chunked", "yolov8n-cls.yaml"), ("exact", "yolo26n-sem.yaml")])
 def test_a_criterion_without_regions_is_refused(how, name):
