@@ -620,7 +620,8 @@ def space_size(costs: Costs) -> int:
     n = {u: len(costs.modes_of(u)) for u in costs.units}
     joined = [u for u in costs.units if isinstance(u, JOINED)]  # with neither of its stages, or not at all
     alone = [u for u in costs.units if not isinstance(u, JOINED) and not any(u in j for j in joined)]
-    plans = (math.prod(1 + n[u] for u in alone) * math.prod(math.prod(1 + n[k] for k in j) + n[j] for j in joined) - 1
+    plans = (math.prod(1 + n[u] for u in alone)
+             * math.prod(math.prod(1 + n.get(k, 0) for k in j) + n[j] for j in joined) - 1  # a stage may not fit
              if costs.mixed else len(MODES) * (2 ** len(costs.groups()) - 1))
     return (plans + 1) * (1 + len(costs.loss)) - 1  # each with the loss plan or without, and the loss plans alone
 
