@@ -348,21 +348,15 @@ def _semantic_loss(criterion: Any, preds: Any, batch: dict) -> tuple[torch.Tenso
 
 def _upsampled_rows(pred: torch.Tensor, a: int, e: int, size: tuple[int, int]) -> torch.Tensor:
     """Rows ``a:e`` of ``pred`` (``1 x 1 x h x w``) upsampled to ``size`` as ``F.interpolate(..., mode="bilinear",
-    align_corners=True)`` does (``DepthLoss26``, 8.4.190), reading only the input rows they need: equal up to float
-    rounding (the weights are applied rows first, then columns)."""
+    align_corners=True)`` does (``DepthLoss26``, 8.4.190): torch's bilinear ``grid_sample`` at those rows' source
+    points, which reads only the input rows they need; equal up to float rounding (the points are normalised)."""
     (h, w), (big_h, big_w) = pred.shape[-2:], size
     if (h, w) == (big_h, big_w):
         return pred[:, :, a:e]
-
-    def taps(n_in: int, n_out: int, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        src = at.to(torch.float32) * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
-        lo = src.floor().long().clamp(max=n_in - 1)
-        return lo, (lo + 1).clamp(max=n_in - 1), (src - lo).to(pred.dtype)
-
-    y0, y1, ly = taps(h, big_h, torch.arange(a, e, device=pred.device))
-    x0, x1, lx = taps(w, big_w, torch.arange(big_w, device=pred.device))
-    rows = pred[0, 0, y0] * (1 - ly[:, None]) + pred[0, 0, y1] * ly[:, None]
-    return (rows[:, x0] * (1 - lx) + rows[:, x1] * lx)[None, None]
+    y = torch.arange(a, e, device=pred.device, dtype=torch.float32) * (2 / max(big_h - 1, 1)) - 1
+    x = torch.arange(big_w, device=pred.device, dtype=torch.float32) * (2 / max(big_w - 1, 1)) - 1
+    grid = torch.stack(torch.meshgrid(x, y, indexing="xy"), dim=-1)[None].to(pred.dtype)  # 1 x rows x W x (x, y)
+    return F.grid_sample(pred, grid, mode="bilinear", padding_mode="border", align_corners=True)
 
 
 def _depth_pyramid(criterion: Any, gt: torch.Tensor, valid: torch.Tensor) -> list[tuple]:
