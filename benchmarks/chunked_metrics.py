@@ -20,7 +20,7 @@ from pathlib import Path
 import ultralytics
 
 from yolo_ckpt import YOLO
-from yolo_ckpt.synthetic import synthetic_dataset
+from yolo_ckpt.data.synthetic import synthetic_dataset
 
 
 def last_row(run: Path) -> dict[str, float]:

@@ -25,8 +25,8 @@ import ultralytics
 from whole_network import THIRD
 
 from yolo_ckpt import YOLO
-from yolo_ckpt.epoch_memory import epoch_ticks
-from yolo_ckpt.synthetic import synthetic_dataset
+from yolo_ckpt.data.synthetic import synthetic_dataset
+from yolo_ckpt.integration.epoch_memory import epoch_ticks
 
 
 def plot(runs: dict[str, list[dict]], mem: str, title: str, path: Path) -> None:

@@ -22,9 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
-from yolo_ckpt.cli import profile
-from yolo_ckpt.escalation import next_plan
-from yolo_ckpt.measure import (
+from yolo_ckpt.integration.cli import profile
+from yolo_ckpt.memory.step import (
     OBJECTS_PER_IMAGE,
     build_model,
     loop_bytes,
@@ -33,9 +32,12 @@ from yolo_ckpt.measure import (
     validation_bytes,
     with_plan,
 )
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.planner import choose_plan, choose_plan_and_batch, deepest, unit_costs
-from yolo_ckpt.profiler import standard_plans
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.planning.choice import choose_plan, choose_plan_and_batch
+from yolo_ckpt.planning.costs import unit_costs
+from yolo_ckpt.planning.escalation import next_plan
+from yolo_ckpt.planning.search import deepest
+from yolo_ckpt.report.profiler import standard_plans
 
 MODELS = [  # Ultralytics' default model of every task (8.4.190: yolo26), the yolo11 ones yolo-ckpt defaults to
     # where their heads differ, and RT-DETR

@@ -8,7 +8,7 @@ Usage:
 import tempfile
 import time
 
-from yolo_ckpt.synthetic import VARIANTS, recipe, recipe_tasks, synthetic_dataset
+from yolo_ckpt.data.synthetic import VARIANTS, recipe, recipe_tasks, synthetic_dataset
 
 
 def main() -> None:

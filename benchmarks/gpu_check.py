@@ -47,9 +47,9 @@ section estimates in brackets.
 Without CUDA (``--quick`` on a CPU, as CI runs it) sections 1-2 are SKIPPED (section 1 after running the CUDA tests of
 test_memory.py, which skip or check CPU behaviour), section 3 plans for ``memory_budget=256MB`` (a CPU has no free
 memory to plan for) and reads exact tensor bytes for allocator peaks, and section 4 runs on
-``yolo_ckpt.device.SimulatedDevice`` at imgsz 192 batch 4 where the package has it (else SKIPPED), section 8 at
+``yolo_ckpt.memory.device.SimulatedDevice`` at imgsz 192 batch 4 where the package has it (else SKIPPED), section 8 at
 imgsz 128 batch 4 with a share of 0.8x vanilla's step (there the model state is most of a step: at half, batch 1 of
-no plan fits) on ``yolo_ckpt.device.UntoldDevice`` (a limit planning is not told about).
+no plan fits) on ``yolo_ckpt.memory.device.UntoldDevice`` (a limit planning is not told about).
 """
 
 from __future__ import annotations
@@ -84,12 +84,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import ultralytics  # noqa: E402
 from ultralytics.utils import LOGGER, YAML  # noqa: E402
 
-from yolo_ckpt import YOLO, planner  # noqa: E402
-from yolo_ckpt.autobatch import plan_batch  # noqa: E402
-from yolo_ckpt.device import cuda_peak  # noqa: E402
-from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan  # noqa: E402
-from yolo_ckpt.memory import LiveTensorTracker, cuda_peaks  # noqa: E402
-from yolo_ckpt.synthetic import synthetic_dataset  # noqa: E402
+from yolo_ckpt import YOLO  # noqa: E402
+from yolo_ckpt.data.synthetic import synthetic_dataset  # noqa: E402
+from yolo_ckpt.memory.device import cuda_peak  # noqa: E402
+from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan  # noqa: E402
+from yolo_ckpt.memory.tracker import LiveTensorTracker, cuda_peaks  # noqa: E402
+from yolo_ckpt.planning import costs  # noqa: E402
+from yolo_ckpt.planning.autobatch import plan_batch  # noqa: E402
 
 from memory_table import table  # noqa: E402
 
@@ -331,9 +332,10 @@ def planned_against_target(name: str, run: Run) -> tuple[str, list[str], tuple]:
 
 
 def simulated_device_class() -> type | None:
-    """``yolo_ckpt.device.SimulatedDevice`` (a CPU memory limit raising CUDA-style OOMs), where the package has it."""
+    """``yolo_ckpt.memory.device.SimulatedDevice`` (a CPU memory limit raising CUDA-style OOMs), where the package
+    has it."""
     try:
-        from yolo_ckpt.device import SimulatedDevice
+        from yolo_ckpt.memory.device import SimulatedDevice
     except ImportError:
         return None
     return SimulatedDevice
@@ -359,7 +361,8 @@ def memory_limit(device: str, limit: int) -> Iterator[LiveTensorTracker | None]:
 def escalation(quick: bool, device: str, share: float) -> Section:
     """Section 4: ``checkpoint_stages=[2,3]`` on a device of ``share`` x vanilla's first-epoch peak, same batch."""
     if device != "cuda" and simulated_device_class() is None:
-        return Section("SKIPPED", "needs CUDA (set_per_process_memory_fraction) or yolo_ckpt.device.SimulatedDevice")
+        return Section("SKIPPED",
+                       "needs CUDA (set_per_process_memory_fraction) or yolo_ckpt.memory.device.SimulatedDevice")
     imgsz, batch = (192, 4) if quick else (1280, 8)  # quick: still activations, not model state, dominate
     size = {"fraction": batch} if quick else {}  # images: one batch per epoch
     with tempfile.TemporaryDirectory() as tmp:
@@ -396,8 +399,8 @@ def escalation(quick: bool, device: str, share: float) -> Section:
 
 def whole_run(quick: bool, device: str) -> Section:
     """Section 8: ``auto`` at a third of vanilla's step on a device of 1.05x its share, to the end of the run."""
-    from yolo_ckpt.device import UntoldDevice
-    from yolo_ckpt.measure import step_bytes
+    from yolo_ckpt.memory.device import UntoldDevice
+    from yolo_ckpt.memory.step import step_bytes
 
     imgsz, batch = (128, 4) if quick else (1280, 8)  # quick: 128 px, where the YOLO object's own model alone once
     size = {"fraction": batch} if quick else {}  # made the final validation run out (the meter enters the device)
@@ -520,7 +523,7 @@ def main() -> None:
     p.add_argument("--escalation-share", type=float, default=0.6, help="device memory as a share of vanilla's peak")
     a = p.parse_args()
     if a.quick:
-        planner.TIMED_STEPS = 1
+        costs.TIMED_STEPS = 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "CPU"
     report = [f"# yolo-ckpt GPU check{' (quick)' if a.quick else ''}", "",

@@ -5,7 +5,7 @@ cross-entropy and Dice on every pixel) and the depth loss runs a four-scale grad
 log-depth maps: at 1024-2048 px these are large, and no checkpoint plan touches them. Measured with exact live tensor
 bytes (``LiveTensorTracker``), one training step at a time:
 
-- the step as planning measures it (``yolo_ckpt.measure.measure_peak``: ``model.loss`` forward and backward, the
+- the step as planning measures it (``yolo_ckpt.memory.step.measure_peak``: ``model.loss`` forward and backward, the
   loss included), vanilla and with the whole network checkpointed;
 - the loss alone: its forward and its backward into the head's outputs (detached leaves), on top of nothing else;
   also with ``checkpoint_loss=chunked`` where the task has it;
@@ -21,9 +21,9 @@ import argparse
 
 import torch
 
-from yolo_ckpt.loss import LOSS_TASKS, enable_loss_checkpointing
-from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan
-from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.loss.install import LOSS_TASKS, enable_loss_checkpointing
+from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan
+from yolo_ckpt.memory.tracker import LiveTensorTracker
 
 
 def loss_alone(model, data) -> int:

@@ -3,12 +3,13 @@
 One training step (``model.loss`` forward and backward) at 1024 px, batch 2, with ``--objects`` labelled objects per
 image, measured with exact live tensor bytes (``measure_peak``) and timed in interleaved rounds in the same run
 (``time_steps``): vanilla, and the whole network checkpointed with each ``checkpoint_loss`` the model's task allows.
-Ratios are to vanilla's peak and step time; ``n/a`` where the loss has no such plan (``yolo_ckpt.loss.LOSS_TASKS``).
+Ratios are to vanilla's peak and step time; ``n/a`` where the loss has no such plan
+(``yolo_ckpt.loss.install.LOSS_TASKS``).
 
 Two network plans, a row each:
 
 - ``all + head``: ``checkpoint_stages=all checkpoint_layers=head``, the "today" column of the loss's issue;
-- ``least-keeping`` (with ``--least-keeping PX``): the layer plan ``planner.least_keeping`` predicts to keep the
+- ``least-keeping`` (with ``--least-keeping PX``): the layer plan ``search.least_keeping`` predicts to keep the
   least, where escalation ends and ``profile`` points: each stage (the stem in stage 2's region where that keeps
   less), the neck and the head recomputed, with their block layers' parts nested inside, in regions of their own.
   Its units are measured at ``PX`` px (``unit_costs``, about 90 s for yolo11n at 1024 px), with the loss plan
@@ -29,9 +30,9 @@ import ast
 
 import torch
 
-from yolo_ckpt import planner
-from yolo_ckpt.loss import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
-from yolo_ckpt.measure import build_model, measure_peak, time_steps, training_batch, with_plan
+from yolo_ckpt.loss.install import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
+from yolo_ckpt.memory.step import build_model, measure_peak, time_steps, training_batch, with_plan
+from yolo_ckpt.planning import costs, search, units
 
 
 def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int, batch: int,
@@ -42,13 +43,13 @@ def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: in
     if extra is not None:
         plans.append((f"stages {extra[0]} + layers {extra[1]}", (extra[0], "full", extra[1])))
     if least_keeping:
-        planner.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
+        costs.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
         enable_loss_checkpointing(model, planned_with)  # every planning copy carries the model's loss plan
-        c = planner.least_keeping(planner.unit_costs(model, least_keeping, objects), batch)
+        c = search.least_keeping(costs.unit_costs(model, least_keeping, objects), batch)
         enable_loss_checkpointing(model, "none")
         s = c.settings
         told = "" if planned_with == "none" else f" (planned with loss {planned_with})"
-        plans.append((f"least-keeping{told}: {planner.describe(c)}",
+        plans.append((f"least-keeping{told}: {units.describe(c)}",
                       (s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])))
     return plans
 

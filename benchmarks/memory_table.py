@@ -22,10 +22,12 @@ import argparse
 import torch
 from whole_network import THIRD
 
-from yolo_ckpt.measure import build_model, measure_peak, step_bytes, training_batch
-from yolo_ckpt.planner import choose_plan, describe, unit_costs
-from yolo_ckpt.profiler import compare_plans
-from yolo_ckpt.stages import CheckpointPlan
+from yolo_ckpt.memory.step import build_model, measure_peak, step_bytes, training_batch
+from yolo_ckpt.planning.choice import choose_plan
+from yolo_ckpt.planning.costs import unit_costs
+from yolo_ckpt.planning.units import describe
+from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.report.profiler import compare_plans
 
 PLANS = {"none": [], "[2,3]": [2, 3], "all": "all", "[2,3] selective": ([2, 3], "selective"),
          "all selective": ("all", "selective"), "all + head": ("all", "full", "head"),

@@ -17,9 +17,9 @@ from pathlib import Path
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO, DetectionTrainer
-from yolo_ckpt.autobatch import parse_memory
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.synthetic import synthetic_dataset
+from yolo_ckpt.data.synthetic import synthetic_dataset
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.planning.autobatch import parse_memory
 
 
 class TrackedPlanning(DetectionTrainer):

@@ -32,11 +32,14 @@ from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DepthModel, SemanticSegmentationModel
 from ultralytics.utils import YAML
 
-from yolo_ckpt.autobatch import parse_memory, state_bytes
-from yolo_ckpt.device import SimulatedDevice
-from yolo_ckpt.measure import planned_copy, step_bytes, training_batch
-from yolo_ckpt.planner import NothingFits, candidates, choose_plan, describe, unit_costs
-from yolo_ckpt.synthetic import recipe
+from yolo_ckpt.data.synthetic import recipe
+from yolo_ckpt.memory.device import SimulatedDevice
+from yolo_ckpt.memory.step import planned_copy, state_bytes, step_bytes, training_batch
+from yolo_ckpt.planning.autobatch import parse_memory
+from yolo_ckpt.planning.choice import choose_plan
+from yolo_ckpt.planning.costs import unit_costs
+from yolo_ckpt.planning.search import candidates
+from yolo_ckpt.planning.units import NothingFits, describe
 
 MODELS = {"semantic": SemanticSegmentationModel, "depth": DepthModel}
 

@@ -5,15 +5,16 @@ Rows, for ``checkpoint_stages=all checkpoint_mode=selective`` (yolo11n.yaml, 640
 - ``vanilla``: no checkpointing, the base of every ratio;
 - ``by name``: the rule before ``recompute_cost`` (keep convolutions over 32 multiply-adds per output element, matrix
   products and attention; recompute everything else);
-- ``cost``: ``yolo_ckpt.recompute``'s rule (keep what costs at least ``KEEP_NS_PER_BYTE`` to recompute per byte);
+- ``cost``: ``yolo_ckpt.regions.recompute``'s rule (keep what costs at least ``KEEP_NS_PER_BYTE`` to recompute per
+  byte);
 - ``cost + BatchNorm``: the same with BatchNorm's outputs kept too (the threshold just below BatchNorm's cost);
 - ``keep all``: every output that may be kept is kept (only views and in-place ops are recomputed): no plan can be
   faster, so its time is what the selective machinery itself costs (Python dispatch of every op in forward and
   recompute, the BatchNorm buffer restore).
 
-Columns: exact step peak and bytes alive after forward (``measure.measure_peak``, ``memory.LiveTensorTracker``),
-convolution/matmul FLOPs (``measure.step_flops``), and the median step time of interleaved rounds
-(``measure.time_steps``): on CPU the step's own CPU time (``time.process_time``, which the other processes of a shared
+Columns: exact step peak and bytes alive after forward (``step.measure_peak``, ``tracker.LiveTensorTracker``),
+convolution/matmul FLOPs (``step.step_flops``), and the median step time of interleaved rounds
+(``step.time_steps``): on CPU the step's own CPU time (``time.process_time``, which the other processes of a shared
 machine do not stretch) and wall-clock.
 
 Then, per op kind inside the regions, what each rule keeps (MiB after forward) and what its recompute costs (the op's
@@ -44,10 +45,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from yolo_ckpt import recompute
-from yolo_ckpt.measure import build_model, measure_peak, step_flops, time_steps, training_batch, with_plan
-from yolo_ckpt.model import disable_checkpointing
-from yolo_ckpt.stages import CheckpointPlan
+from yolo_ckpt.memory.step import build_model, measure_peak, step_flops, time_steps, training_batch, with_plan
+from yolo_ckpt.regions import recompute
+from yolo_ckpt.regions.install import disable_checkpointing
+from yolo_ckpt.regions.plan import CheckpointPlan
 
 _aten = torch.ops.aten
 BY_NAME_KEPT = frozenset({  # the by-name rule's kept ops (yolo-ckpt up to the cost rule)

@@ -31,11 +31,11 @@ import yaml
 from ultralytics.utils import LOGGER
 
 from yolo_ckpt import YOLO
-from yolo_ckpt.autobatch import parse_memory, plan_batch
-from yolo_ckpt.device import SimulatedDevice, UntoldDevice, simulated_device
-from yolo_ckpt.measure import build_model, planned_copy, step_bytes
-from yolo_ckpt.stages import CheckpointConfigError
-from yolo_ckpt.synthetic import synthetic_dataset
+from yolo_ckpt.data.synthetic import synthetic_dataset
+from yolo_ckpt.memory.device import SimulatedDevice, UntoldDevice, simulated_device
+from yolo_ckpt.memory.step import build_model, planned_copy, step_bytes
+from yolo_ckpt.planning.autobatch import parse_memory, plan_batch
+from yolo_ckpt.regions.spec import CheckpointConfigError
 
 RUN = dict(epochs=1, workers=0, device="cpu", plots=False, val=False, deterministic=True, seed=0)
 KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")

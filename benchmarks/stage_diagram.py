@@ -1,6 +1,6 @@
 """docs/plans.md's stage diagram: every layer of a model at its output stride, coloured by the checkpoint stage it
-belongs to (``yolo_ckpt.stages.model_stages``), the layers ``checkpoint_layers=head`` cuts into regions marked, and
-each layer's inputs drawn as lines (the neck's skips read the backbone's stages).
+belongs to (``yolo_ckpt.regions.graph.model_stages``), the layers ``checkpoint_layers=head`` cuts into regions
+marked, and each layer's inputs drawn as lines (the neck's skips read the backbone's stages).
 
 Usage:
     python benchmarks/stage_diagram.py                                  # yolo11n: docs/img/stages.png
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from yolo_ckpt.measure import build_model
-from yolo_ckpt.stages import head_layers, layer_inputs, model_stages
+from yolo_ckpt.memory.step import build_model
+from yolo_ckpt.regions.graph import head_layers, layer_inputs, model_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 256  # the dry run's image: strides are sizes divided into it

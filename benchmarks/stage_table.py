@@ -8,7 +8,7 @@ import sys
 
 from ultralytics.nn.tasks import parse_model, yaml_model_load
 
-from yolo_ckpt.stages import model_stages
+from yolo_ckpt.regions.graph import model_stages
 
 
 def main(models: list[str]) -> None:

@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from yolo_ckpt.memory import GB, LiveTensorTracker
+from yolo_ckpt.memory.tracker import GB, LiveTensorTracker
 
 
 class _EmptyMode(TorchDispatchMode):

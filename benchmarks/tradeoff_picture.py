@@ -1,9 +1,9 @@
-"""README's picture: peak memory against step time for the standard plans of one model, each measured side by side
-with vanilla in one run (``yolo_ckpt.profiler.compare_plans``: a real training step, exact live tensor bytes, median
-step time), drawn as ``yolo-ckpt profile`` draws its tradeoff.png. With ``--front``, instead, docs/planning.md's
-picture: every candidate plan of ``checkpoint_stages=auto`` measured, its Pareto front of memory against FLOPs and,
-with ``--budget``, auto's choice for that memory_budget ringed (``yolo_ckpt.tradeoff.tradeoffs``, profile's
-pareto.png).
+"""README's picture: peak memory against step time for the standard plans of one model, each measured side by side with
+vanilla in one run (``yolo_ckpt.report.profiler.compare_plans``: a real training step, exact live tensor bytes,
+median step time), drawn as ``yolo-ckpt profile`` draws its tradeoff.png. With ``--front``, instead,
+docs/planning.md's picture: every candidate plan of ``checkpoint_stages=auto`` measured, its Pareto front of memory
+against FLOPs and, with ``--budget``, auto's choice for that memory_budget ringed
+(``yolo_ckpt.report.tradeoff.tradeoffs``, profile's pareto.png).
 
 Usage:
     python benchmarks/tradeoff_picture.py                     # yolo11n, 640 px, batch 4: docs/img/tradeoff.png
@@ -18,9 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from yolo_ckpt.measure import build_model
-from yolo_ckpt.profiler import compare_plans, standard_plans, write_profile
-from yolo_ckpt.tradeoff import plot_front, tradeoffs
+from yolo_ckpt.memory.step import build_model
+from yolo_ckpt.report.profiler import compare_plans, standard_plans, write_profile
+from yolo_ckpt.report.tradeoff import plot_front, tradeoffs
 
 ROOT = Path(__file__).resolve().parents[1]
 

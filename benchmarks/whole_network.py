@@ -13,9 +13,10 @@ Usage:
 
 import argparse
 
-from yolo_ckpt.measure import build_model, step_flops, training_batch, with_plan
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.stages import CheckpointPlan, model_stages
+from yolo_ckpt.memory.step import build_model, step_flops, training_batch, with_plan
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.regions.graph import model_stages
+from yolo_ckpt.regions.plan import CheckpointPlan
 
 THIRD = ([1, 2, 3, 4], "full", ["2.*", "4.*", "7-10:selective", "16", "19", "23", "23.*"])
 """A third of vanilla's peak for yolo11n-style models (P5 detect: layers 2/4 are the stride-4/8 C3k2, 7-10 the P5

@@ -7,7 +7,7 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # before Ultralytics is imported: no
 
 import pytest
 
-from support import timing  # importing it sets the suite's planner.TIMED_STEPS
+from support import timing  # importing it sets the suite's costs.TIMED_STEPS
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def small_data(tmp_path_factory):
 
     import cv2
 
-    from yolo_ckpt.synthetic import synthetic_dataset
+    from yolo_ckpt.data.synthetic import synthetic_dataset
 
     made: dict[str, str] = {}
 
@@ -98,7 +98,7 @@ def pytest_collection_finish(session):
 
     import ultralytics.models  # noqa: F401  the trainers and validators the tests build, imported once here
 
-    import yolo_ckpt.trainer  # noqa: F401
+    import yolo_ckpt.integration.trainer  # noqa: F401
 
     gc.collect()
     gc.freeze()

@@ -34,30 +34,30 @@ from yolo_ckpt import (
     SegmentationTrainer,
     disable_checkpointing,
     enable_checkpointing,
-    planner,
 )
-from yolo_ckpt.distributed import WORLD_KEY, DistributedMixin
-from yolo_ckpt.families import ultralytics_class
-from yolo_ckpt.measure import measure_peak, state_bytes, step_bytes, step_loss, training_batch
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.trainer import CKPT_CFG_DICT
+from yolo_ckpt.integration.distributed import WORLD_KEY, DistributedMixin
+from yolo_ckpt.integration.settings import CKPT_CFG_DICT
+from yolo_ckpt.memory.step import measure_peak, state_bytes, step_bytes, step_loss, training_batch
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.planning import costs
+from yolo_ckpt.regions.families import ultralytics_class
 
 # Planning times each probe step (median of TIMED_STEPS) to rank plans by step time. The suite checks what planning
 # chooses against bounds and vanilla runs: in every process that imports this module (the suite, the DDP workers
 # Ultralytics' launcher starts, torchrun_train.py) no step is timed (TIMED_STEPS = 0: every time 0 s, plans rank by
 # FLOPs), the same choice on every run however busy the machine. Tests of the ranking by measured time itself take
 # ``conftest.timed_planning``. The CLI in a subprocess (``python -m yolo_ckpt``) keeps the default.
-planner.TIMED_STEPS = 0
+costs.TIMED_STEPS = 0
 
 
 @contextmanager
 def timing(steps: int = 1) -> Iterator[None]:
-    """Planning inside the block times ``steps`` steps per probe, as users' runs do (``planner.TIMED_STEPS``)."""
-    before, planner.TIMED_STEPS = planner.TIMED_STEPS, steps
+    """Planning inside the block times ``steps`` steps per probe, as users' runs do (``costs.TIMED_STEPS``)."""
+    before, costs.TIMED_STEPS = costs.TIMED_STEPS, steps
     try:
         yield
     finally:
-        planner.TIMED_STEPS = before
+        costs.TIMED_STEPS = before
 
 
 # A small YOLO11-style detector: four stages, seconds to train or compile on CPU.
@@ -445,7 +445,7 @@ class GlooDDP:
     Ultralytics has no CPU DDP (``world_size`` is 0 for cpu, so it never spawns workers); the launching process is
     told the world is two, as for ``device=0,1``. Everything else — the worker file, the launcher, samplers, the DDP
     wrap and its arguments, rank-0 saving — is Ultralytics' own, and its workers train on yolo-ckpt's supported CPU
-    path (``yolo_ckpt.distributed.DistributedMixin``: gloo, the CPU DDP wrap and final validation).
+    path (``yolo_ckpt.integration.distributed.DistributedMixin``: gloo, the CPU DDP wrap and final validation).
     """
 
     def __init__(self, *args, **kwargs):

@@ -15,9 +15,9 @@ import yaml
 from ultralytics.utils import YAML
 from ultralytics.utils.patches import torch_load
 
-from yolo_ckpt.families import ultralytics_class
-from yolo_ckpt.measure import with_plan
-from yolo_ckpt.trainer import saved_settings
+from yolo_ckpt.integration.settings import saved_settings
+from yolo_ckpt.memory.step import with_plan
+from yolo_ckpt.regions.families import ultralytics_class
 
 from support import (
     RTDETR_TINY,

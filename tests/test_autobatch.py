@@ -10,9 +10,9 @@ from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO, CheckpointConfigError, DetectionTrainer, checkpoint_plan
-from yolo_ckpt.autobatch import parse_memory, plan_batch
-from yolo_ckpt.measure import build_model, training_batch, with_plan
-from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.memory.step import build_model, training_batch, with_plan
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.planning.autobatch import parse_memory, plan_batch
 
 from support import TRAIN_ARGS, loop_batches, measured_step, results
 
@@ -81,12 +81,12 @@ def test_budget_planning_measures_the_loss_plan(tmp_path, monkeypatch):
     """``checkpoint_loss=exact`` with ``memory_budget`` AutoBatch: the probe steps run the loss plan (each image's
     mask loss a region), the log names it, and the real epoch at the chosen batch stays within the share."""
     from yolo_ckpt import SegmentationTrainer
-    from yolo_ckpt import loss as ckpt_loss
-    from yolo_ckpt.synthetic import synthetic_dataset
+    from yolo_ckpt.data.synthetic import synthetic_dataset
+    from yolo_ckpt.loss import segmentation
 
     calls = []
-    real = ckpt_loss._image_mask_loss
-    monkeypatch.setattr(ckpt_loss, "_image_mask_loss", lambda *a: calls.append(1) or real(*a))
+    real = segmentation._image_mask_loss
+    monkeypatch.setattr(segmentation, "_image_mask_loss", lambda *a: calls.append(1) or real(*a))
 
     class Planning(SegmentationTrainer):
         def auto_batch(self):

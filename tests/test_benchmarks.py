@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from ultralytics.utils import YAML
 
-from yolo_ckpt.measure import with_plan
-from yolo_ckpt.stages import model_stages
+from yolo_ckpt.memory.step import with_plan
+from yolo_ckpt.regions.graph import model_stages
 
 from support import measured_step
 
@@ -149,7 +149,7 @@ def test_loss_memory_measures_the_loss_of_every_family(tmp_path, monkeypatch):
     """The loss alone (its forward and backward into detached head outputs, through the model's own ``loss``) is
     measured for a YOLO task model and for RT-DETR, and is less than the step that holds it (measured here by a
     fresh tracker around the whole training step)."""
-    from yolo_ckpt.measure import build_model, training_batch
+    from yolo_ckpt.memory.step import build_model, training_batch
 
     from support import RTDETR_TINY
 
@@ -169,8 +169,8 @@ def test_the_network_alone_is_the_least_a_loss_plan_can_reach(monkeypatch):
     loss sets the peak (yolo26n-sem's 19 full-resolution classes) and equal to it, up to a few scalars, where the
     network does (yolo11n's recompute), both measured by a fresh tracker around the step; ``chunked``'s step lies
     between the two, up to a few scalars."""
-    from yolo_ckpt.loss import enable_loss_checkpointing
-    from yolo_ckpt.measure import build_model, measure_peak, training_batch, with_plan
+    from yolo_ckpt.loss.install import enable_loss_checkpointing
+    from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from loss_memory import network_alone

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from yolo_ckpt import YOLO, CheckpointConfigError
-from yolo_ckpt.cli import parse_train_args
+from yolo_ckpt.integration.cli import parse_train_args
 
 YOLO_BIN = shutil.which("yolo") or pytest.fail("the `yolo` command of ultralytics is not installed")
 
@@ -74,7 +74,7 @@ def test_help_lists_our_keys_and_profile_then_ultralytics_help(args):
                                         (["train", "imgsz=64"], None), (["train", "name=help"], None)])
 def test_every_spelling_of_help_and_version_is_the_word(args, word):
     """``main`` shows help for a bare ``help``/``-h``/``--help`` or nothing, as for ``help`` above (and `yolo`)."""
-    from yolo_ckpt.cli import _special
+    from yolo_ckpt.integration.cli import _special
 
     assert (_special(args) if args else "help") == word
 
@@ -87,8 +87,8 @@ def yolo11n():
 
 
 def test_help_examples_are_valid_settings(yolo11n):
-    from yolo_ckpt.cli import KEY_HELP
-    from yolo_ckpt.trainer import check_settings
+    from yolo_ckpt.integration.cli import KEY_HELP
+    from yolo_ckpt.integration.settings import check_settings
 
     for key, (_, example) in KEY_HELP.items():
         parsed = parse_train_args(["train", example])
@@ -120,7 +120,7 @@ def in_process(args: list[str], capsys, monkeypatch, tmp_path) -> tuple[int, lis
     process of its own for the first bad stage value, a bad budget, resume and a flat model): its exit code and the
     lines it printed to stderr. Datasets go to ``tmp_path / "datasets"``, so that generating one would show as a new
     file."""
-    from yolo_ckpt.cli import main
+    from yolo_ckpt.integration.cli import main
 
     monkeypatch.setenv("YOLO_CKPT_DATASETS", str(tmp_path / "datasets"))
     rc = main(list(args))
@@ -194,8 +194,8 @@ def test_model_without_stages_is_rejected(tmp_path):
 
 
 def test_high_resolution_recipe_is_valid():
-    from yolo_ckpt.resources import data_file
-    from yolo_ckpt.stages import CheckpointPlan
+    from yolo_ckpt.data.resources import data_file
+    from yolo_ckpt.regions.plan import CheckpointPlan
 
     recipe = parse_train_args(["train", f"cfg={data_file('cfg', 'aerial_1280.yaml')}", "epochs=3"])
     assert recipe["imgsz"] == 1280 and recipe["epochs"] == 3  # the command line wins over the recipe
@@ -288,9 +288,9 @@ def small():
 @pytest.mark.parametrize("key", WORDS)
 def test_one_case_rule_for_every_word_value(key, small):
     """Word values of every key of ours are case-insensitive: each spelling means what the lower-case word means."""
-    from yolo_ckpt.autobatch import parse_memory
-    from yolo_ckpt.stages import CheckpointPlan
-    from yolo_ckpt.trainer import check_settings
+    from yolo_ckpt.integration.settings import check_settings
+    from yolo_ckpt.planning.autobatch import parse_memory
+    from yolo_ckpt.regions.plan import CheckpointPlan
 
     base = {"memory_budget": "2GB"} if key == "checkpoint_stages" else {}  # auto needs a target without CUDA
     for value in WORDS[key]:
@@ -315,7 +315,7 @@ def test_mode_reaches_training_in_lower_case(detect_data, tmp_path):
 def test_the_demo_steps_the_optimizer_every_batch_whatever_the_batch():
     from ultralytics.utils import DEFAULT_CFG_DICT
 
-    from yolo_ckpt.cli import demo_settings
+    from yolo_ckpt.integration.cli import demo_settings
 
     assert demo_settings({})["nbs"] == demo_settings({})["batch"] == 1
     assert demo_settings({"batch": 8})["nbs"] == 8  # weight decay scales with batch / nbs: unchanged
@@ -364,9 +364,9 @@ def test_task_the_model_cannot_train_is_one_line_before_any_work(args, line, tmp
 def test_semantic_recipes_are_valid(name, task, imgsz, channels):
     """The recipes load as `yolo-ckpt train cfg=...` reads them, their settings pass the checks run before any work,
     and their embedded data has the channels they say."""
-    from yolo_ckpt.resources import data_file
-    from yolo_ckpt.synthetic import recipe
-    from yolo_ckpt.trainer import check_settings, yaml_task
+    from yolo_ckpt.data.resources import data_file
+    from yolo_ckpt.data.synthetic import recipe
+    from yolo_ckpt.integration.settings import check_settings, yaml_task
 
     cfg = parse_train_args(["train", f"cfg={data_file('cfg', name)}"])
     assert yaml_task(cfg["model"]) == task and cfg["imgsz"] == imgsz
@@ -380,7 +380,7 @@ def test_profile_follows_the_runs_amp_and_channels_last():
 
     import torch
 
-    from yolo_ckpt.cli import training_formats
+    from yolo_ckpt.integration.cli import training_formats
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     run_cfg = lambda amp, cl: SimpleNamespace(amp=amp, channels_last=cl)  # noqa: E731

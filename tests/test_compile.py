@@ -29,7 +29,7 @@ from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import TRAINERS, CheckpointPlan, checkpoint_plan, enable_checkpointing
-from yolo_ckpt.measure import training_batch
+from yolo_ckpt.memory.step import training_batch
 
 from support import MINI, TINY, TRAIN_ARGS, assert_same_run, dump_training, results
 

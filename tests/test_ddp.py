@@ -5,7 +5,7 @@ with ``torch.distributed.run``; each worker rebuilds the trainer from that state
 Ultralytics' own through that path with the same arguments and compare every saved field, and each worker's counted
 layer forwards prove that the recompute ran there. Ultralytics has no CPU DDP: ``support.GlooDDP`` only tells the
 launching process of two CPU workers; the workers train on yolo-ckpt's supported CPU path
-(``yolo_ckpt.distributed``, also what ``torchrun`` launches use: ``test_torchrun.py``).
+(``yolo_ckpt.integration.distributed``, also what ``torchrun`` launches use: ``test_torchrun.py``).
 """
 
 import json
@@ -23,9 +23,9 @@ from ultralytics.utils import DEFAULT_CFG_DICT
 from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
 
 from yolo_ckpt import CheckpointConfigError, CheckpointPlan, DetectionTrainer
-from yolo_ckpt.epoch_memory import CALLBACKS
-from yolo_ckpt.measure import grad_bytes
-from yolo_ckpt.trainer import WORKER_ERROR, reported_by_workers
+from yolo_ckpt.integration.epoch_memory import CALLBACKS
+from yolo_ckpt.integration.trainer import WORKER_ERROR, reported_by_workers
+from yolo_ckpt.memory.step import grad_bytes
 
 from support import (
     TRAIN_ARGS,

@@ -16,8 +16,8 @@ from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import LOGGER
 from ultralytics.utils.torch_utils import unwrap_model
 
-from yolo_ckpt.autobatch import plan_batch
-from yolo_ckpt.device import (
+from yolo_ckpt.integration.run_memory import objects as objects_of
+from yolo_ckpt.memory.device import (
     LimitReached,
     MemoryLimit,
     SimulatedDevice,
@@ -27,11 +27,12 @@ from yolo_ckpt.device import (
     simulated_device,
     unless_oom,
 )
-from yolo_ckpt.measure import planned_copy, state_bytes, step_bytes, weight_bytes
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.planner import choose_plan, unit_costs
-from yolo_ckpt.run_planning import objects as objects_of
-from yolo_ckpt.stages import CheckpointConfigError
+from yolo_ckpt.memory.step import planned_copy, state_bytes, step_bytes, weight_bytes
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.planning.autobatch import plan_batch
+from yolo_ckpt.planning.choice import choose_plan
+from yolo_ckpt.planning.costs import unit_costs
+from yolo_ckpt.regions.spec import CheckpointConfigError
 
 from support import MINI, SMALL, TRAIN_ARGS, auto_budget, loop_batches, measured_step, results
 
@@ -143,7 +144,7 @@ def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch, timed_
     """Planning times each unit's batch-1 step on the device: on a device that holds them, every unit is timed and
     the whole measurement, the model included, stays on the device; on one too small for vanilla's batch-1 step, no
     step is ever timed and nothing passes the device. (MINI: four units, 20 unit steps.)"""
-    import yolo_ckpt.planner as planner
+    import yolo_ckpt.planning.costs as planner
 
     model = small_model(MINI)
     timed = []
@@ -179,8 +180,8 @@ def test_escalation_from_a_per_unit_plan_moves_to_a_plan_measured_to_keep_less()
     step at the batch is measured, and the next plan is one measured to keep less — never a plan that is only
     predicted to, such as the failed plan itself. Here the failed plan is put first among the plans escalation tries
     (as the planner's time ranking put it once in CI, and escalation chose it again)."""
-    from yolo_ckpt import escalation
-    from yolo_ckpt.planner import candidates
+    from yolo_ckpt.planning import escalation
+    from yolo_ckpt.planning.search import candidates
 
     model, imgsz, batch = small_model(), IMGSZ, 2
     costs = unit_costs(model, imgsz)
@@ -207,7 +208,7 @@ def test_escalation_leaves_room_for_the_loops_other_batches():
     training model and its EMA, fits with the training loop's other batches: its step (a fresh tracker) and those
     batches (real batch sizes) within the device, on a device where the plan escalation tries first fits without them
     (by half of them, more than the planning copy's weights), not with them."""
-    from yolo_ckpt.escalation import next_plan
+    from yolo_ckpt.planning.escalation import next_plan
 
     model, imgsz, batch = small_model(), 2 * IMGSZ, 4
     failed = {"checkpoint_stages": [2], "checkpoint_layers": [], "checkpoint_mode": "full"}
@@ -295,7 +296,7 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
     included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
     plan's batch is the largest whose step, with the training loop's other batches, fits."""
-    from yolo_ckpt.measure import planned_copy
+    from yolo_ckpt.memory.step import planned_copy
 
     # the share holds vanilla's batch 4 (``vanillas`` x 5/6 of it); auto keeps so much less that twice that share
     # would pass the 16 training images AutoBatch stops at
@@ -337,7 +338,7 @@ def test_autobatch_leaves_room_for_the_loops_other_batches(detect_data, tmp_path
 def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(detect_data, tmp_path):
     """``batch=-1 memory_budget`` of 2.5x the simulated device: one warning naming both, the probes stop at the
     device, and the batch is extrapolated to within 10% of what planning on an unlimited device gives."""
-    from yolo_ckpt.measure import planned_copy
+    from yolo_ckpt.memory.step import planned_copy
 
     budget = device_bytes(detect_data, 2.0) * 5 // 6
     device = int(budget / 2.5)
@@ -393,8 +394,8 @@ def test_cuda_memory_honours_the_per_process_fraction(monkeypatch):
 def test_device_strings_read_as_ultralytics_reads_them():
     """One parser for ``device=`` (``select_device``'s spellings, 8.4.190): the CUDA check, Ultralytics' world size
     and torchrun's device all read it."""
-    from yolo_ckpt.device import parse_device
-    from yolo_ckpt.distributed import ultralytics_world
+    from yolo_ckpt.integration.distributed import ultralytics_world
+    from yolo_ckpt.memory.device import parse_device
 
     assert parse_device("cuda:0,1") == parse_device("[0, 1]") == parse_device([0, 1]) == ("cuda", [0, 1])
     assert parse_device("0") == ("cuda", [0]) and parse_device(-1) == ("cuda", [-1])
@@ -407,7 +408,7 @@ def test_a_simulated_allocator_counts_cuda_blocks():
     """``simulate_allocator``: each tensor counts for its caching-allocator block — 512-byte multiples, a request
     of 10 MiB or more its own segment rounded to 2 MiB unless the tail left is more than 1 MiB (then split off) —
     so a step's peak there is above its exact bytes, by at most a block's rounding per live tensor."""
-    from yolo_ckpt.device import cuda_block_bytes
+    from yolo_ckpt.memory.device import cuda_block_bytes
 
     mib = 2**20
     assert [cuda_block_bytes(n) for n in (1, 512, 513, mib)] == [512, 512, 1024, mib]
@@ -433,7 +434,7 @@ def test_a_simulated_allocator_counts_cuda_blocks():
 
 
 def test_simulate_allocator_needs_a_simulated_gpu():
-    from yolo_ckpt.trainer import check_settings
+    from yolo_ckpt.integration.settings import check_settings
 
     with pytest.raises(CheckpointConfigError, match=r"^simulate_allocator=True .* Valid: with simulate_gpu=SIZE"):
         check_settings("yolo11n.yaml", {"simulate_allocator": True, "device": "cpu"})

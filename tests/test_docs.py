@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md", *DOCS]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -66,7 +67,7 @@ def test_readme_is_a_front_page_with_both_set_up_commands():
     assert re.search(r"^python -m pip install -e \. && ", text, flags=re.M)  # .ci/run reads both from README
     assert re.search(r'^python -m pip install -e "\.\[test\]" && ', text, flags=re.M)
     nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
-    assert sorted(nav) == sorted(p.name for p in PAGES[2:])  # every page is in the site's navigation
+    assert sorted(nav) == sorted(p.name for p in DOCS)  # every page is in the site's navigation
 
 
 # Every command in README's and the docs' shell blocks, and every output line they quote, with what the suite does
@@ -169,9 +170,9 @@ def documented_commands(path: Path) -> list[str]:
 
 
 def test_every_documented_command_is_run_checked_or_listed_as_not_run(capsys):
-    from yolo_ckpt.cli import main, parse_train_args
-    from yolo_ckpt.families import DEFAULT_MODELS
-    from yolo_ckpt.trainer import check_settings
+    from yolo_ckpt.integration.cli import main, parse_train_args
+    from yolo_ckpt.integration.settings import check_settings
+    from yolo_ckpt.regions.families import DEFAULT_MODELS
 
     documented = {c for page in PAGES for c in documented_commands(page)}
     assert not documented - COMMANDS.keys(), f"not classified in COMMANDS: {sorted(documented - COMMANDS.keys())}"

@@ -13,10 +13,10 @@ import ultralytics
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from yolo_ckpt import YOLO, CheckpointPlan
-from yolo_ckpt.epoch_memory import EpochPeak, is_compiled
-from yolo_ckpt.measure import build_model
-from yolo_ckpt.memory import GB, LiveTensorTracker
-from yolo_ckpt.planner import deepest
+from yolo_ckpt.integration.epoch_memory import EpochPeak, is_compiled
+from yolo_ckpt.memory.step import build_model
+from yolo_ckpt.memory.tracker import GB, LiveTensorTracker
+from yolo_ckpt.planning.search import deepest
 
 from support import (
     TRAIN_ARGS,
@@ -94,7 +94,7 @@ def test_meter_refuses_to_pop_a_foreign_mode():
 RSS_EPOCHS = """
 from pathlib import Path
 import torch
-from yolo_ckpt.epoch_memory import EpochPeak
+from yolo_ckpt.integration.epoch_memory import EpochPeak
 
 def rss():  # resident memory now (VmRSS), independent of the peak (VmHWM) the meter reads
     line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
@@ -214,7 +214,7 @@ def test_memory_plot_ticks_whole_epochs_only(n):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from yolo_ckpt.epoch_memory import epoch_ticks
+    from yolo_ckpt.integration.epoch_memory import epoch_ticks
 
     fig, ax = plt.subplots()
     epochs = np.arange(1, n + 1, dtype=float)

@@ -15,9 +15,9 @@ from ultralytics.utils import LOGGER
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO
-from yolo_ckpt.measure import build_model, planned_copy
-from yolo_ckpt.planner import deepest
-from yolo_ckpt.run_planning import objects as objects_of
+from yolo_ckpt.integration.run_memory import objects as objects_of
+from yolo_ckpt.memory.step import build_model, planned_copy
+from yolo_ckpt.planning.search import deepest
 
 from support import (
     TRAIN_ARGS,

@@ -2,7 +2,7 @@
 the model's loss reads, in training and in validation.
 
 Every planning path (``profile``, ``auto``, AutoBatch, escalation, the validator's batch) measures steps on
-``measure.training_batch``; a key a loss reads and that batch lacks (the YOLO26 segmentation loss's ``sem_masks``
+``step.training_batch``; a key a loss reads and that batch lacks (the YOLO26 segmentation loss's ``sem_masks``
 once) ended them all in a ``KeyError``. Here each model's planning step and the plan that keeps the least are
 measured as planning measures them and against a fresh exact tracker around the model's own loss
 (``support.measured_step``). Then every planning path itself, for every model, as ``benchmarks/every_model.py``
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from yolo_ckpt.measure import build_model, step_bytes, validation_bytes, with_plan
-from yolo_ckpt.planner import deepest
+from yolo_ckpt.memory.step import build_model, step_bytes, validation_bytes, with_plan
+from yolo_ckpt.planning.search import deepest
 
 from support import measured_step
 

@@ -17,9 +17,9 @@ import ultralytics
 from ultralytics.utils import YAML
 
 from yolo_ckpt import CheckpointPlan, enable_checkpointing, model_stages
-from yolo_ckpt.families import check_supported
-from yolo_ckpt.measure import build_model, training_batch
-from yolo_ckpt.model import UnsupportedModelError
+from yolo_ckpt.memory.step import build_model, training_batch
+from yolo_ckpt.regions.families import check_supported
+from yolo_ckpt.regions.install import UnsupportedModelError
 
 from support import assert_same
 

@@ -10,10 +10,11 @@ import ultralytics
 from ultralytics.utils.loss import v8SegmentationLoss
 from ultralytics.utils.tal import TaskAlignedAssigner
 
-from yolo_ckpt import loss as ckpt_loss
-from yolo_ckpt.loss import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
-from yolo_ckpt.measure import build_model, training_batch
-from yolo_ckpt.memory import LiveTensorTracker
+from yolo_ckpt.loss import assignment, depth, install, segmentation, semantic
+from yolo_ckpt.loss.install import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
+from yolo_ckpt.memory.step import build_model, training_batch
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.regions.spec import CheckpointConfigError
 
 from support import TRAIN_ARGS, assert_plan_recomputed, assert_same, assert_same_run, train_run
 
@@ -125,7 +126,7 @@ def test_chunked_is_equal_up_to_float_rounding(name, counted, monkeypatch):
     batch = training_batch(model, 256, 2)
     vanilla = step(model, batch)
     calls, counted["mask"], counted["assign"] = counted["mask"], 0, []
-    monkeypatch.setattr(ckpt_loss, "CHUNK_ROWS_PIXELS", 32 * 64 * 64)  # 64 x 64 prototypes at 256 px
+    monkeypatch.setattr(segmentation, "CHUNK_ROWS_PIXELS", 32 * 64 * 64)  # 64 x 64 prototypes at 256 px
     chunked = step(model, batch, "chunked")
     assert counted["assign"] == [1] * (2 if name.startswith("yolo11") else 4)  # YOLO26: one-to-many, one-to-one
     assert counted["mask"] > 2 * calls  # several chunks per image, each run twice
@@ -162,9 +163,9 @@ def test_chunked_semantic_loss_is_equal_up_to_float_rounding(case, monkeypatch):
         batch["semantic_mask"] = batch["semantic_mask"] % 2
     batch["semantic_mask"][:, :5] = 255  # ignored
     blocks = []
-    real = ckpt_loss._block_sums
-    monkeypatch.setattr(ckpt_loss, "_block_sums", lambda *a: blocks.append(a[1]) or real(*a))
-    monkeypatch.setattr(ckpt_loss, "CHUNK_PIXELS", (model.nc or 19) * 256 * 8 * 3)
+    real = semantic._block_sums
+    monkeypatch.setattr(semantic, "_block_sums", lambda *a: blocks.append(a[1]) or real(*a))
+    monkeypatch.setattr(semantic, "CHUNK_PIXELS", (model.nc or 19) * 256 * 8 * 3)
     vanilla, chunked = step(model, batch), step(model, batch, "chunked")
     # per image, twice: the main logits' 32 rows (1/8) in 11 blocks of 3, the auxiliary's 16 rows (1/16) one by one
     assert blocks.count(True) == 2 * 2 * 11 and blocks.count(False) == 2 * 2 * 16
@@ -186,9 +187,9 @@ def test_chunked_depth_loss_is_equal_up_to_float_rounding(case, monkeypatch):
     if case.startswith("sparse"):
         batch["depth"][1] *= (torch.rand(256, 256) < 0.25).float()
     blocks = []
-    real = ckpt_loss._depth_block
-    monkeypatch.setattr(ckpt_loss, "_depth_block", lambda *a: blocks.append(a[-1] is None) or real(*a))
-    monkeypatch.setattr(ckpt_loss, "CHUNK_DEPTH_PIXELS", 256 * 24)
+    real = depth._depth_block
+    monkeypatch.setattr(depth, "_depth_block", lambda *a: blocks.append(a[-1] is None) or real(*a))
+    monkeypatch.setattr(depth, "CHUNK_DEPTH_PIXELS", 256 * 24)
     vanilla, chunked = step(model, batch), step(model, batch, "chunked")
     # per image 11 blocks (10 of 24 rows, 16 left), each in both passes, forward and recompute
     assert blocks.count(True) == blocks.count(False) == 2 * 2 * 11
@@ -201,7 +202,7 @@ def retried_then_chunked(model, batch, seen: list, between=None) -> tuple[list, 
     ``between()``, with ``checkpoint_loss=chunked``. Returns the criterion's task-aligned losses and what ``seen``
     recorded of the first; ``seen`` holds the second's."""
     model.criterion = model.init_criterion()
-    parts = ckpt_loss._criteria(model.criterion)
+    parts = install._criteria(model.criterion)
     for c in parts:
         c.assigner.fail = True
     with torch.no_grad():
@@ -273,7 +274,7 @@ def test_chunked_scores_yolo26_masks_in_groups_of_objects(monkeypatch):
 
     def grouped():  # 40 x 40 prototypes at 160 px; the one-to-many assigner scores 3 * 10 anchors per object
         their_peaks[:], peaks[:], groups[:] = peaks, [], []
-        monkeypatch.setattr(ckpt_loss, "CHUNK_MASK_IOU_PIXELS", 2 * 3 * 10 * 40 * 40)
+        monkeypatch.setattr(assignment, "CHUNK_MASK_IOU_PIXELS", 2 * 3 * 10 * 40 * 40)
 
     parts, theirs = retried_then_chunked(model, batch, seen, grouped)
     topks = [c.assigner.topk for c in parts]
@@ -312,8 +313,8 @@ def test_a_built_semantic_criterion_is_shadowed_and_restored(monkeypatch):
     model = build_model("yolo26n-sem.yaml")
     batch = training_batch(model, 128, 2)
     blocks = []
-    real = ckpt_loss._block_sums
-    monkeypatch.setattr(ckpt_loss, "_block_sums", lambda *a: blocks.append(a[1]) or real(*a))
+    real = semantic._block_sums
+    monkeypatch.setattr(semantic, "_block_sums", lambda *a: blocks.append(a[1]) or real(*a))
     vanilla = step(model, batch)
     model.criterion = model.init_criterion()
     assert "criterion" in model._modules and "criterion" not in vars(model)  # where nn.Module keeps it
@@ -336,10 +337,10 @@ def test_a_built_depth_criterion_is_wrapped_and_restored(monkeypatch):
     batch = training_batch(model, 64, 2)
     model.criterion = built = model.init_criterion()
     blocks = []
-    real = ckpt_loss._depth_block
-    monkeypatch.setattr(ckpt_loss, "_depth_block", lambda *a: blocks.append(a) or real(*a))
+    real = depth._depth_block
+    monkeypatch.setattr(depth, "_depth_block", lambda *a: blocks.append(a) or real(*a))
     enable_loss_checkpointing(model, "chunked")
-    assert isinstance(model.criterion, ckpt_loss.ChunkedDepthLoss) and model.criterion.loss is built
+    assert isinstance(model.criterion, depth.ChunkedDepthLoss) and model.criterion.loss is built
     assert model.criterion.loss_names == built.loss_names  # attributes read through
     model.loss(batch)[0].sum().backward()
     assert blocks
@@ -352,7 +353,7 @@ def test_a_built_depth_criterion_is_wrapped_and_restored(monkeypatch):
 def test_a_criterion_without_regions_is_refused(how, name):
     model = build_model(name)
     enable_loss_checkpointing(model, how)
-    with pytest.raises(ckpt_loss.CheckpointConfigError, match=f"checkpoint_loss={how}: .* Valid: checkpoint_loss=none"):
+    with pytest.raises(CheckpointConfigError, match=f"checkpoint_loss={how}: .* Valid: checkpoint_loss=none"):
         model.loss(training_batch(model, 64, 1))
 
 
@@ -360,7 +361,7 @@ def test_exact_trains_bit_for_bit_on_the_dense_set(tmp_path, counted):
     """yolo11n-seg on the embedded dense aerial set (hundreds of polygons per tile), the whole backbone and the mask
     loss recomputed: results, every saved field and the final model as vanilla's; the backbone's layers and each
     image's mask loss of every step ran twice."""
-    from yolo_ckpt.synthetic import synthetic_dataset
+    from yolo_ckpt.data.synthetic import synthetic_dataset
 
     data = str(synthetic_dataset("segment", variant="synthetic_dense"))
     runs = []
@@ -408,7 +409,7 @@ def test_auto_may_choose_no_loss_plan_where_chunked_was_allowed(tmp_path, counte
     from ultralytics.utils.patches import torch_load
 
     from yolo_ckpt import YOLO
-    from yolo_ckpt.trainer import saved_settings
+    from yolo_ckpt.integration.settings import saved_settings
 
     from support import add_counting
 
@@ -449,8 +450,8 @@ def test_chunked_depth_trains_and_saves_plain_ultralytics(tmp_path, small_data, 
     from yolo_ckpt import YOLO
 
     calls = []
-    real = ckpt_loss._depth_block
-    monkeypatch.setattr(ckpt_loss, "_depth_block", lambda *a: calls.append(torch.is_grad_enabled()) or real(*a))
+    real = depth._depth_block
+    monkeypatch.setattr(depth, "_depth_block", lambda *a: calls.append(torch.is_grad_enabled()) or real(*a))
     m = YOLO("yolo26n-depth.yaml")
     m.train(data=small_data("depth"), project=str(tmp_path), name="r", checkpoint_loss="chunked",
             **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})

@@ -7,7 +7,7 @@ import pytest
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import SegmentationModel
 
-from yolo_ckpt.measure import step_loss, training_batch
+from yolo_ckpt.memory.step import step_loss, training_batch
 
 
 @pytest.mark.parametrize("name", ["yolo26n-seg.yaml", "yolo11n-seg.yaml"])
@@ -30,7 +30,7 @@ def test_the_loops_host_images_count_only_where_the_model_trains_on_the_cpu():
     only the previous batch, on the device, is held beside the step."""
     from ultralytics.nn.tasks import DetectionModel
 
-    from yolo_ckpt.measure import batch_bytes, loop_bytes
+    from yolo_ckpt.memory.step import batch_bytes, loop_bytes
 
     from support import MINI, loop_batches
 
@@ -44,7 +44,7 @@ def test_one_copy_for_many_plans_measures_as_a_fresh_copy_each():
     """``copy_for_plans`` against a fresh ``planned_copy`` per plan: the same exact peak, bytes kept for backward and
     FLOPs for each plan in turn, a loss plan and Ultralytics' loss after it included (each step builds its loss as a
     fresh copy's first step does)."""
-    from yolo_ckpt.measure import build_model, copy_for_plans, measure_peak, planned_copy
+    from yolo_ckpt.memory.step import build_model, copy_for_plans, measure_peak, planned_copy
 
     model = build_model("yolo11n-seg.yaml")
     plans = [([],), ([2, 3],), ("all", "full", "head"), ([], "full", None, "exact"), ([2, 3], "selective"), ([],)]

@@ -8,9 +8,11 @@ import yaml
 from ultralytics.nn.tasks import SegmentationModel
 from ultralytics.utils.patches import torch_load
 
-from yolo_ckpt import TRAINERS, CheckpointPlan, cli, model_stages
-from yolo_ckpt.synthetic import recipe, synthetic_dataset
-from yolo_ckpt.trainer import YOLO, check_settings
+from yolo_ckpt import TRAINERS, CheckpointPlan, model_stages
+from yolo_ckpt.data.synthetic import recipe, synthetic_dataset
+from yolo_ckpt.integration import cli
+from yolo_ckpt.integration.settings import check_settings
+from yolo_ckpt.integration.trainer import YOLO
 
 from support import TRAIN_ARGS, add_counting, assert_recomputed, assert_same_run, forward_counts
 

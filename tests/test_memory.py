@@ -1,4 +1,5 @@
-"""Tests for yolo_ckpt.memory: exact CPU tensor-memory tracking and CUDA allocator peaks (RSS: test_epoch_memory).
+"""Tests for yolo_ckpt.memory.tracker: exact CPU tensor-memory tracking and CUDA allocator peaks
+(RSS: test_epoch_memory).
 
 Every expected number is computed independently of the tracker: from dtype
 sizes, from ``untyped_storage().nbytes()`` of the tensors themselves, from
@@ -18,7 +19,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils.checkpoint import checkpoint
 
-from yolo_ckpt.memory import LiveTensorTracker, cuda_peaks, cuda_reset_peak
+from yolo_ckpt.memory.tracker import LiveTensorTracker, cuda_peaks, cuda_reset_peak
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -16,9 +16,10 @@ from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import YAML
 
 from yolo_ckpt import CheckpointPlan, disable_checkpointing, enable_checkpointing
-from yolo_ckpt.measure import build_model, step_loss, training_batch
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.stages import CheckpointConfigError, model_parts
+from yolo_ckpt.memory.step import build_model, step_loss, training_batch
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.regions.graph import model_parts
+from yolo_ckpt.regions.spec import CheckpointConfigError
 
 from support import RTDETR_TINY, SMALL, assert_exact_and_recomputed, assert_same_training, one_step, train_pair
 
@@ -156,7 +157,7 @@ def test_training_with_parts_is_vanilla_training(tmp_path, detect_data):
 
 
 def test_compile_with_a_run_of_a_layers_own_parts_is_one_line_before_any_work():
-    from yolo_ckpt.trainer import check_settings
+    from yolo_ckpt.integration.settings import check_settings
 
     with pytest.raises(CheckpointConfigError, match=r"2.m.0-cv2 is a run of parts of layer 2's own forward, which "
                                                     r"compile=True cannot trace in one graph. Valid with compile:"):

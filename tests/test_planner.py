@@ -15,29 +15,18 @@ from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils.patches import torch_load
 
-from yolo_ckpt import planner
-from yolo_ckpt.autobatch import plan_batch
-from yolo_ckpt.measure import measure_peak, step_bytes, step_loss, training_batch, with_plan
-from yolo_ckpt.model import disable_checkpointing
-from yolo_ckpt.planner import (
-    HEAD,
-    NECK,
-    NESTED,
-    PARTS,
-    UNIT_MODES,
-    Candidate,
-    NothingFits,
-    candidates,
-    choose_plan,
-    choose_plan_and_batch,
-    least_keeping,
-    space_size,
-    split_mode,
-    unit_costs,
-)
-from yolo_ckpt.run_planning import auto_report
-from yolo_ckpt.stages import CheckpointConfigError, CheckpointPlan
-from yolo_ckpt.trainer import check_settings, saved_settings
+from yolo_ckpt.integration.auto import auto_report
+from yolo_ckpt.integration.settings import check_settings, saved_settings
+from yolo_ckpt.memory.step import measure_peak, step_bytes, step_loss, training_batch, with_plan
+from yolo_ckpt.planning import choice as planner
+from yolo_ckpt.planning.autobatch import plan_batch
+from yolo_ckpt.planning.choice import choose_plan, choose_plan_and_batch
+from yolo_ckpt.planning.costs import unit_costs
+from yolo_ckpt.planning.search import candidates, least_keeping, space_size
+from yolo_ckpt.planning.units import HEAD, NECK, NESTED, PARTS, UNIT_MODES, Candidate, NothingFits, split_mode
+from yolo_ckpt.regions.install import disable_checkpointing
+from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.regions.spec import CheckpointConfigError
 
 from support import (
     MINI,
@@ -163,8 +152,8 @@ def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():
     by a fresh tracker); at a target between them ``auto`` chooses a plan with ``checkpoint_loss=exact``, whose step,
     measured again here, is what it measured and fits. Every candidate says its loss plan; the loss plans alone are
     candidates too."""
-    from yolo_ckpt.loss import disable_loss_checkpointing
-    from yolo_ckpt.measure import batch_bytes, build_model, state_bytes
+    from yolo_ckpt.loss.install import disable_loss_checkpointing
+    from yolo_ckpt.memory.step import batch_bytes, build_model, state_bytes
 
     from support import measured_step
 
@@ -280,7 +269,7 @@ def test_auto_on_cuda_free_memory(detect_data, tmp_path):
 
 
 def test_nothing_fits_in_training_says_which_budget_would(detect_data, tmp_path, capsys):
-    from yolo_ckpt import cli
+    from yolo_ckpt.integration import cli
 
     args = ["train", "model=yolov8n.yaml", f"data={detect_data}", "imgsz=64", "epochs=1", "batch=2", "workers=0",
             "plots=False", f"project={tmp_path}", "checkpoint_stages=auto", "memory_budget=1MB"]
@@ -295,7 +284,7 @@ def test_auto_with_autobatch_caps_at_the_training_images(detect_data, tmp_path):
     """As Ultralytics' AutoBatch: a budget that would allow far more than the 16 embedded images plans for 16, the
     batch that trains, and says so."""
     from yolo_ckpt import YOLO
-    from yolo_ckpt.planner import choose_plan_and_batch as choose
+    from yolo_ckpt.planning.choice import choose_plan_and_batch as choose
 
     model = YOLO("yolov8n.yaml")
     seen = {}

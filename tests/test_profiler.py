@@ -10,8 +10,8 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from yolo_ckpt.measure import build_model, training_batch
-from yolo_ckpt.profiler import compare_plans, profile_stages, standard_plans
+from yolo_ckpt.memory.step import build_model, training_batch
+from yolo_ckpt.report.profiler import compare_plans, profile_stages, standard_plans
 
 from support import MINI, SMALL, loop_batches
 
@@ -89,7 +89,7 @@ def test_plot_labels_are_a_legend_beside_the_axes():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from yolo_ckpt.plots import legend_points
+    from yolo_ckpt.report.plots import legend_points
 
     rows = [{"plan": "all + head", "x": 1.3, "y": 0.47}, {"plan": "all + head selective", "x": 1.3, "y": 0.47},
             {"plan": "none", "x": 1.0, "y": 1.0}]
@@ -120,7 +120,7 @@ def mini():
 def need_on_device(model, imgsz: int, batch: int, peak: int) -> int:
     """What a plan's step of ``peak`` bytes needs on a device: the model's and its planning copy's weights, the
     batch, the step (counted from shapes: float32 images, per object a batch index, a class and an xywh box)."""
-    from yolo_ckpt.measure import OBJECTS_PER_IMAGE
+    from yolo_ckpt.memory.step import OBJECTS_PER_IMAGE
 
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     return 2 * weights + 4 * batch * (3 * imgsz * imgsz + OBJECTS_PER_IMAGE * 6) + peak
@@ -130,8 +130,8 @@ def test_flop_count_is_torchs_and_keeps_nothing(mini):
     """The tracker's FLOPs (``flops=True``) against ``FlopCounterMode``, and its memory against the tracker without
     them; and why torch's counter is not used: under ``FlopCounterMode`` the whole network's checkpointed step peaks
     above the step itself."""
-    from yolo_ckpt.measure import measure_peak, planned_copy, step_loss
-    from yolo_ckpt.memory import LiveTensorTracker
+    from yolo_ckpt.memory.step import measure_peak, planned_copy, step_loss
+    from yolo_ckpt.memory.tracker import LiveTensorTracker
 
     for spec in ([], ("all", "full", "head")):
         with planned_copy(mini, *(spec if isinstance(spec, tuple) else (spec,))) as m:
@@ -150,8 +150,8 @@ def test_flop_count_is_torchs_and_keeps_nothing(mini):
 def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):
     """Vanilla and the plans over the device are reported as not fitting, the others as measured without a device;
     no ratio to a vanilla that was not measured; no step ever tries to pass the device."""
-    from yolo_ckpt.device import SimulatedDevice
-    from yolo_ckpt.memory import LiveTensorTracker
+    from yolo_ckpt.memory.device import SimulatedDevice
+    from yolo_ckpt.memory.tracker import LiveTensorTracker
 
     imgsz, batch, plans = 128, 2, standard_plans(mini)
     ref = compare_plans(mini, imgsz, batch, plans, repeats=0)
@@ -184,13 +184,13 @@ def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):
 def test_profile_measures_the_loss_plan(tmp_path, monkeypatch):
     """``checkpoint_loss=exact``: the loss plan alone and with the whole network are rows of their own, each the step
     an independent copy with that plan measures; every other row keeps Ultralytics' loss."""
-    from yolo_ckpt.measure import measure_peak, training_batch, with_plan
+    from yolo_ckpt.memory.step import measure_peak, training_batch, with_plan
 
     cfg = tmp_path / "mini-seg.yaml"
     cfg.write_text(yaml.safe_dump({**MINI, "head": [*MINI["head"][:-1], [[2, 3], 1, "Segment", ["nc", 8, 16]]]},
                                   sort_keys=False))
-    from yolo_ckpt import measure
-    from yolo_ckpt.cli import profile
+    from yolo_ckpt.integration.cli import profile
+    from yolo_ckpt.memory import step as measure
 
     model = build_model(str(cfg))  # profiled in this process, so that the figures below are of the same weights
     monkeypatch.setattr(measure, "build_model", lambda name: copy.deepcopy(model))
@@ -208,7 +208,7 @@ def test_profile_measures_the_loss_plan(tmp_path, monkeypatch):
 def test_profile_command_on_a_simulated_device(tmp_path, mini):
     """``yolo-ckpt profile simulate_gpu=...`` end to end on a device between the whole network's step and vanilla's:
     rows that do not fit say so, the files are written, nothing passes the device."""
-    from yolo_ckpt.measure import measure_peak, planned_copy
+    from yolo_ckpt.memory.step import measure_peak, planned_copy
 
     cfg = tmp_path / "mini.yaml"
     cfg.write_text(yaml.safe_dump(MINI, sort_keys=False))

@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from ultralytics.nn.modules import C2PSA, SPPF, C3k2, Conv
 
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.recompute import CHEAP_CONV_MACS, KEEP_NS_PER_BYTE, checkpoint_region, recompute_cost
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.regions.recompute import CHEAP_CONV_MACS, KEEP_NS_PER_BYTE, checkpoint_region, recompute_cost
 
 from support import tensor_differences
 

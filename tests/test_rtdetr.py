@@ -13,7 +13,7 @@ from ultralytics.nn.tasks import RTDETRDetectionModel
 from ultralytics.utils import YAML
 
 from yolo_ckpt import RTDETR, YOLO, CheckpointPlan, RTDETRTrainer, checkpoint_plan, enable_checkpointing
-from yolo_ckpt.measure import training_batch
+from yolo_ckpt.memory.step import training_batch
 
 from support import RTDETR_TINY, assert_same, assert_same_training, train_pair, write_polygon_set
 

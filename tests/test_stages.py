@@ -10,17 +10,11 @@ import torch
 import ultralytics
 from ultralytics.nn.tasks import ClassificationModel, DetectionModel
 
-from yolo_ckpt import enable_checkpointing, stages
-from yolo_ckpt.stages import (
-    CheckpointConfigError,
-    CheckpointPlan,
-    Span,
-    backbone_stages,
-    head_layers,
-    model_stages,
-    parse_layer_spec,
-    parse_stage_spec,
-)
+from yolo_ckpt import enable_checkpointing
+from yolo_ckpt.regions import graph
+from yolo_ckpt.regions.graph import backbone_stages, head_layers, model_stages
+from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.regions.spec import CheckpointConfigError, Span, parse_layer_spec, parse_stage_spec
 
 CFG = Path(ultralytics.__file__).parent / "cfg" / "models"
 
@@ -93,13 +87,13 @@ def test_dry_runs_run_once_per_architecture(monkeypatch):
     n, s = DetectionModel("yolo11n.yaml", verbose=False), DetectionModel("yolov8n.yaml", verbose=False)
 
     def fresh(model, spec):
-        stages._FOUND.clear()
+        graph._FOUND.clear()
         return CheckpointPlan.from_spec(model, *spec)
 
     alone = {name: [fresh(model, spec) for spec in specs] for name, model in (("n", n), ("s", s))}
     assert alone["n"] != alone["s"]  # not one architecture's answer for both
-    stages._FOUND.clear()
-    runs = {f: mock.patch.object(stages, f, wraps=getattr(stages, f)) for f in
+    graph._FOUND.clear()
+    runs = {f: mock.patch.object(graph, f, wraps=getattr(graph, f)) for f in
             ("backbone_stages", "head_layers", "model_parts")}
     with runs["backbone_stages"] as backbone, runs["head_layers"] as head, runs["model_parts"] as parts:
         for name, model in (("n", n), ("s", s)):
@@ -109,11 +103,11 @@ def test_dry_runs_run_once_per_architecture(monkeypatch):
                 enable_checkpointing(copy, CheckpointPlan.from_spec(copy, *spec))  # one copy, plan after plan
                 assert plan == expected
         assert backbone.call_count == head.call_count == parts.call_count == 2  # once per architecture
-        monkeypatch.setattr(stages, "FOUND_KEPT", 1)
+        monkeypatch.setattr(graph, "FOUND_KEPT", 1)
         CheckpointPlan.from_spec(ClassificationModel("yolo11n-cls.yaml", verbose=False), "all")
-        assert len(stages._FOUND) == 1 and backbone.call_count == 3
+        assert len(graph._FOUND) == 1 and backbone.call_count == 3
         CheckpointPlan.from_spec(n, "all")  # forgotten: found again
-        assert len(stages._FOUND) == 1 and backbone.call_count == 4
+        assert len(graph._FOUND) == 1 and backbone.call_count == 4
 
 
 @pytest.mark.parametrize(

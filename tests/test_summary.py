@@ -6,10 +6,10 @@ from types import SimpleNamespace
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
-from yolo_ckpt import summary
-from yolo_ckpt.measure import measure_peak, training_batch
-from yolo_ckpt.model import enable_checkpointing
-from yolo_ckpt.stages import CheckpointPlan
+from yolo_ckpt.memory.step import measure_peak, training_batch
+from yolo_ckpt.regions.install import enable_checkpointing
+from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.report import summary
 
 from support import MINI
 
@@ -43,8 +43,8 @@ def test_compare_under_ddp_measures_the_batch_of_one_rank(monkeypatch, tmp_path)
 def test_compare_counts_the_loss_plan(tmp_path):
     """A run that recomputes only its loss (``checkpoint_loss=exact``) is compared too: vanilla's step is the plain
     model's and ours the model with the loss plan, each against an independent ``measure_peak``."""
-    from yolo_ckpt.loss import enable_loss_checkpointing
-    from yolo_ckpt.measure import build_model
+    from yolo_ckpt.loss.install import enable_loss_checkpointing
+    from yolo_ckpt.memory.step import build_model
 
     model = build_model("yolo11n-seg.yaml")
     plain = deepcopy(model)

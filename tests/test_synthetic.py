@@ -1,5 +1,5 @@
-"""Tests for yolo_ckpt.synthetic: determinism, label validity, Ultralytics acceptance, caching and atomicity, for the
-aerial dataset, its grayscale medical variant and its dense (crowded) variant."""
+"""Tests for yolo_ckpt.data.synthetic: determinism, label validity, Ultralytics acceptance, caching and atomicity,
+for the aerial dataset, its grayscale medical variant and its dense (crowded) variant."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from yolo_ckpt import synthetic
-from yolo_ckpt.synthetic import (
+from yolo_ckpt.data import synthetic
+from yolo_ckpt.data.synthetic import (
     DEFAULT_VARIANT,
     SCENE_TASKS,
     TASKS,

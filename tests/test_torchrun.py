@@ -29,9 +29,9 @@ from torchrun_train import EXTRA
 from ultralytics.nn.tasks import DetectionModel
 
 from yolo_ckpt import CheckpointConfigError
-from yolo_ckpt.distributed import Launch, check_batch, launch_device
-from yolo_ckpt.epoch_memory import most_of
-from yolo_ckpt.measure import grad_bytes
+from yolo_ckpt.integration.distributed import Launch, check_batch, launch_device
+from yolo_ckpt.integration.epoch_memory import most_of
+from yolo_ckpt.memory.step import grad_bytes
 
 from support import (
     TRAIN_ARGS,

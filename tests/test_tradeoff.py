@@ -16,13 +16,15 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
-from yolo_ckpt.device import SimulatedDevice
-from yolo_ckpt.measure import OBJECTS_PER_IMAGE, training_batch
-from yolo_ckpt.memory import LiveTensorTracker
-from yolo_ckpt.planner import choose_plan, describe, unit_costs
-from yolo_ckpt.recompute import CHEAP_CONV_MACS
-from yolo_ckpt.stages import CheckpointPlan
-from yolo_ckpt.tradeoff import largest_imgsz, measure_candidates, pareto, tradeoffs, untouchable
+from yolo_ckpt.memory.device import SimulatedDevice
+from yolo_ckpt.memory.step import OBJECTS_PER_IMAGE, training_batch
+from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.planning.choice import choose_plan
+from yolo_ckpt.planning.costs import unit_costs
+from yolo_ckpt.planning.units import describe
+from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.regions.recompute import CHEAP_CONV_MACS
+from yolo_ckpt.report.tradeoff import largest_imgsz, measure_candidates, pareto, tradeoffs, untouchable
 
 from support import MINI, SMALL, loop_batches
 

@@ -15,7 +15,7 @@ import ultralytics
 from ultralytics.utils.patches import torch_load
 
 from yolo_ckpt import YOLO, CheckpointPlan, checkpoint_plan
-from yolo_ckpt.trainer import CKPT_CFG_DICT, saved_settings
+from yolo_ckpt.integration.settings import CKPT_CFG_DICT, saved_settings
 
 from support import (
     TRAIN_ARGS,
@@ -261,7 +261,7 @@ def test_frozen_stages_are_not_recomputed(detect_data, tmp_path):
 def test_the_training_device_decides_cuda(device, cuda, monkeypatch):
     """The device strings Ultralytics' ``select_device`` takes (8.4.190: cpu, mps, npu, xpu, tpu pass to their own
     backends; indices, ``cuda``/``cuda:N`` and ``-1`` to CUDA); no device: CUDA when the machine has it."""
-    from yolo_ckpt.trainer import trains_on_cuda
+    from yolo_ckpt.integration.settings import trains_on_cuda
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert trains_on_cuda(device) is cuda
@@ -276,7 +276,8 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
     broadcast until the collective times out (torch.distributed mocked: rank 0's broadcast is what rank 1 gets)."""
     import torch.distributed as dist
 
-    from yolo_ckpt import run_planning as rp
+    from yolo_ckpt.integration import auto as rp
+    from yolo_ckpt.integration.run_memory import Planning
 
     sent = []
 
@@ -292,7 +293,7 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
     monkeypatch.setattr(rp, "choose", choose)
     monkeypatch.setattr(rp, "smallest_device", lambda trainer: None)  # a collective: every rank reads its device
-    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), planning=rp.Planning())
+    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), planning=Planning())
     monkeypatch.setattr(rp, "RANK", 0)
     with pytest.raises(KeyError, match="sem_masks"):
         rp.auto_plan(fake, 1)
@@ -307,9 +308,9 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     out-of-memory error is a log line, never the run's end (torch.cuda mocked; the step raises CUDA's error)."""
     from ultralytics.nn.tasks import DetectionModel
 
-    from yolo_ckpt import measure
-    from yolo_ckpt import run_planning as rp
-    from yolo_ckpt.device import DeviceMemory
+    from yolo_ckpt.integration import auto as rp
+    from yolo_ckpt.memory import step as measure
+    from yolo_ckpt.memory.device import DeviceMemory
 
     from support import MINI
 
@@ -332,8 +333,8 @@ def test_ddp_plans_for_the_rank_whose_gpu_has_the_least_memory(monkeypatch):
     than rank 0's (torch.distributed and the CUDA reading mocked: rank 0 holds 70 GB usable, rank 1 30 GB)."""
     import torch.distributed as dist
 
-    from yolo_ckpt import run_planning as rp
-    from yolo_ckpt.device import DeviceMemory
+    from yolo_ckpt.integration import run_memory as rp
+    from yolo_ckpt.memory.device import DeviceMemory
 
     mine = DeviceMemory(80 * 2**30, 70 * 2**30, 70 * 2**30, 1.1, "cuda:0")
     other = DeviceMemory(80 * 2**30, 30 * 2**30, 30 * 2**30, 1.1, "cuda:1")

@@ -5,12 +5,10 @@ Examples:
     >>> YOLO("yolo11n.yaml").train(data="data.yaml", imgsz=1280, checkpoint_stages=[2, 3])  # doctest: +SKIP
 """
 
-from .versions import ULTRALYTICS_RANGE  # first: an Ultralytics outside the range stops here, in one line
+from .versions import ULTRALYTICS_RANGE, __version__  # first: an Ultralytics outside the range stops here, in one line
 
 # isort: split
-from .model import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
-from .stages import CheckpointConfigError, CheckpointPlan, Region, backbone_stages, model_stages
-from .trainer import (
+from .integration.trainer import (
     RTDETR,
     TRAINERS,
     YOLO,
@@ -23,8 +21,11 @@ from .trainer import (
     SegmentationTrainer,
     SemanticSegmentationTrainer,
 )
+from .regions.graph import backbone_stages, model_stages
+from .regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
+from .regions.plan import CheckpointPlan, Region
+from .regions.spec import CheckpointConfigError
 
-__version__ = "0.1.0"
 __all__ = (
     "YOLO",
     "RTDETR",
@@ -47,4 +48,5 @@ __all__ = (
     "checkpoint_plan",
     "checkpoint_mode",
     "ULTRALYTICS_RANGE",
+    "__version__",
 )

@@ -1,0 +1,1 @@
+"""The embedded datasets and the project's data folders (``cfg/``, ``datasets/``)."""

@@ -1,0 +1,372 @@
+"""``yolo-ckpt``: the ``yolo`` command with checkpointing in ``train``.
+
+``yolo-ckpt train ...`` parses ``k=v`` tokens with Ultralytics' own helpers and checks keys against Ultralytics'
+defaults plus ``cfg/default.yaml``, so unknown keys get the same error as ``yolo``; it then trains with the task's
+checkpointing trainer. Without ``model=`` it builds the task's yolo11n YAML (yolo26n for semantic and depth; nothing to
+download), without
+``data=`` it trains on the embedded synthetic high-resolution dataset of the model's task with the demo recipe
+``cfg/demo.yaml`` (unless ``cfg=`` is given); ``data=synthetic_medical`` (which ``cfg/medical_2048.yaml`` sets) picks
+the grayscale medical variant instead. ``help`` prints our keys and modes before Ultralytics' help, ``version`` our
+version beside Ultralytics' and torch's. Every other mode is handed to ``yolo`` unchanged.
+A task it has no trainer for, or a task word the model's head does not train, stops with one line.
+
+``yolo-ckpt profile`` measures one training step per checkpoint plan (see ``yolo_ckpt.report.profiler``).
+
+Examples:
+    $ yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4
+    $ yolo-ckpt train data=coco.yaml model=yolo11s.yaml imgsz=1280 batch=8 checkpoint_stages=[2,3]
+    $ yolo-ckpt train                       # yolo11n on the embedded dataset, offline
+    $ yolo-ckpt train cfg=cfg/medical_2048.yaml   # 1-channel segmentation on the embedded grayscale variant
+    $ yolo-ckpt val model=runs/detect/train/weights/best.pt data=coco.yaml   # plain `yolo val`
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from ultralytics.cfg import MODES, TASKS, check_dict_alignment, entrypoint, merge_equals_args, parse_key_value_pair
+from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
+
+from ..loss.install import LOSS_HELP
+from ..versions import __version__
+
+if TYPE_CHECKING:  # the planner imports torch, which the CLI's help and errors need not wait for
+    from ..planning.costs import Costs
+
+DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
+
+
+KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yaml
+    "checkpoint_stages": ("backbone stage numbers (stage k: output stride 2^k; yolo11n has 1-5) as a list, one stage, "
+                          "'all', 'auto' (the plan with the least predicted step time that fits; needs memory_budget "
+                          "or CUDA), or [] for off", "checkpoint_stages=[2,3]"),
+    "checkpoint_layers": ("'head' (every layer after the backbone that stores activations), layer indices and "
+                          "[first, last] ranges (one region each), parts of a layer ('2.cv1', a run '2.m.0-cv2', each "
+                          "part '23.*'; nested inside other regions), any string item with ':full' or ':selective', "
+                          "or [] for none", "checkpoint_layers=head"),
+    "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep the outputs that are "
+                        "costly to recompute per byte: convolutions, pooling; almost no recompute FLOPs, less "
+                        "saving)", "checkpoint_mode=selective"),
+    "checkpoint_loss": (LOSS_HELP, "checkpoint_loss=chunked"),
+    "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
+    "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "
+                      "batch=0.x) and checkpoint_stages=auto plan for, on any device", "memory_budget=24GB"),
+    "simulate_gpu": ("with device=cpu, a GPU memory size (925MB, 24GB) to rehearse on CPU: every tensor of the run "
+                     "counts against it, and passing it raises CUDA's out-of-memory error", "simulate_gpu=925MB"),
+    "simulate_allocator": ("True or False: with simulate_gpu, every tensor counts for the block CUDA's caching "
+                           "allocator would give it (512-byte blocks, large segments rounded to 2 MiB)",
+                           "simulate_allocator=True"),
+}
+HELP_WORDS = {"help", "h"}  # as Ultralytics' entrypoint: help, h, -h, --help, ... (8.4.190)
+VERSION_WORDS = {"version", "v"}
+
+
+def _special(args: list[str]) -> str | None:
+    """``help`` or ``version`` when a bare token asks for it (the first one wins, as in ``yolo``), else ``None``."""
+    for a in args:
+        word = a.lstrip("-").lower()
+        if "=" not in a and word in HELP_WORDS | VERSION_WORDS:
+            return "help" if word in HELP_WORDS else "version"
+    return None
+
+
+def help_text() -> str:
+    """yolo-ckpt's own help: its modes, and each of its keys with default, valid values and an example."""
+    from .settings import CKPT_CFG_DICT
+
+    lines = [
+        "yolo-ckpt: the `yolo` command with activation checkpointing in `train`, and a `profile` mode.",
+        "",
+        "    yolo-ckpt train [yolo train ARGS] [yolo-ckpt KEYS]   train, recomputing the chosen regions in backward",
+        "    yolo-ckpt train checkpoint_stages=all                the demo: yolo11n on the embedded dataset, offline",
+        "    yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4 [memory_budget=24GB]",
+        "                                                         measure one training step per checkpoint plan",
+        "    yolo-ckpt version                                    yolo-ckpt, Ultralytics and torch versions",
+        "    yolo-ckpt val|predict|export|... ARGS                `yolo` unchanged",
+        "",
+        "yolo-ckpt keys (train and profile; defaults from cfg/default.yaml; word values such as all, auto, head,",
+        "full, selective and GB are case-insensitive):",
+    ]
+    for key, default in CKPT_CFG_DICT.items():
+        valid, example = KEY_HELP[key]
+        lines += [f"    {key}  (default: {'none' if default is None else default})",
+                  textwrap.fill(valid, 118, initial_indent=" " * 8 + "valid:   ", subsequent_indent=" " * 17),
+                  f"        example: yolo-ckpt train {example}"]
+    return "\n".join([*lines, "", "Ultralytics' own help follows; every `yolo` argument works with yolo-ckpt too."])
+
+
+def versions() -> str:
+    """``yolo-ckpt 0.1.0``, ``ultralytics 8.4.190`` and ``torch ...``, one per line."""
+    import torch
+    import ultralytics
+
+    return f"yolo-ckpt {__version__}\nultralytics {ultralytics.__version__}\ntorch {torch.__version__}"
+
+
+def parse_train_args(args: list[str]) -> dict:
+    """Turn ``train`` tokens into overrides the way ``yolo`` does, accepting our keys too.
+
+    Args:
+        args: Command-line tokens after the program name, e.g. ``["train", "imgsz=1280", "checkpoint_stages=[2,3]"]``.
+
+    Returns:
+        (dict): Overrides for ``Model.train``, ``task`` included when given.
+
+    Raises:
+        SyntaxError: For unknown keys, as ``yolo`` raises.
+    """
+    from ..data.resources import data_file
+    from .settings import DEFAULT_CFG_DICT_CKPT
+
+    full = {**DEFAULT_CFG_DICT_CKPT, **dict.fromkeys((*TASKS, *MODES))}
+    overrides: dict = {}
+    for a in merge_equals_args(args):
+        a = a.removeprefix("--").removesuffix(",")
+        if "=" in a:
+            try:
+                k, v = parse_key_value_pair(a)
+            except (NameError, SyntaxError, ValueError, AssertionError) as e:
+                check_dict_alignment(full, {a: ""}, e)
+            if k == "cfg" and v is not None:  # a custom default.yaml, as in `yolo cfg=custom.yaml`
+                if not Path(v).exists() and Path(v).parent.name in {"", "cfg"}:  # our recipes, also from a wheel
+                    with contextlib.suppress(FileNotFoundError):
+                        v = data_file("cfg", Path(v).name)
+                overrides = {**{k: v for k, v in YAML.load(checks.check_yaml(v)).items() if k != "cfg"}, **overrides}
+            else:
+                overrides[k] = v
+        elif a in TASKS:
+            overrides["task"] = a
+        elif a in MODES:
+            overrides["mode"] = a
+        elif isinstance(DEFAULT_CFG_DICT_CKPT.get(a), bool):
+            overrides[a] = True  # bare boolean flags, as `yolo train plots`
+        else:
+            check_dict_alignment(full, {a: ""})
+    check_dict_alignment(full, overrides)
+    return overrides
+
+
+def given(args: list[str], key: str) -> bool:
+    """Whether the command line sets ``key`` (``key=value``, also ``--key=value`` or with spaces around ``=``)."""
+    return any(a.removeprefix("--").split("=")[0] == key for a in merge_equals_args(args))
+
+
+def demo_settings(overrides: dict) -> dict:
+    """``cfg/demo.yaml``, with its optimizer step every batch kept when the command line changes the batch.
+
+    ``nbs`` (Ultralytics' nominal batch) is the demo's batch; a ``batch=`` of the user's gets ``nbs`` equal to it, as
+    weight decay scales with batch/nbs; AutoBatch (``batch`` < 1) gets Ultralytics' own ``nbs``.
+    """
+    from ..data.resources import data_file
+
+    demo = YAML.load(data_file("cfg", DEMO))
+    batch = overrides.get("batch")
+    if isinstance(batch, (int, float)) and "nbs" not in overrides:
+        demo["nbs"] = int(batch) if batch >= 1 else DEFAULT_CFG_DICT["nbs"]
+    return demo
+
+
+def train(args: list[str]) -> None:
+    """Run ``yolo-ckpt train ...``; without ``data=`` or ``cfg=``, the demo recipe ``cfg/demo.yaml`` fills in what the
+    command line leaves out."""
+    from ..regions.families import DEFAULT_MODELS
+    from ..regions.spec import CheckpointConfigError
+    from .settings import check_settings, check_task
+    from .trainer import RTDETR
+
+    overrides = parse_train_args(args)
+    overrides.pop("mode", None)
+    if not overrides.get("data") and not overrides.get("resume") and not given(args, "cfg"):  # the demo
+        overrides = {**demo_settings(overrides), **overrides}
+    task = overrides.pop("task", None)
+    check_task(None, task)  # before the default model is looked up for it
+    if overrides.get("resume") and not overrides.get("model"):
+        raise CheckpointConfigError("resume needs the checkpoint: yolo-ckpt train resume model=path/to/last.pt")
+    overrides["model"] = overrides.get("model") or DEFAULT_MODELS.get(task or "detect", DEFAULT_MODELS["detect"])
+    if not overrides.get("resume"):  # reject bad settings before the model is built or the dataset generated
+        check_settings(overrides["model"], {**overrides, "task": task})
+    cls = model_class(overrides["model"])
+    model = cls(overrides.pop("model"), **({} if cls is RTDETR else {"task": task}))  # RT-DETR: detect only, as `yolo`
+    check_task(None, model.task)  # a checkpoint's own task (its file decides, whatever task= says)
+    data = overrides.get("data")
+    if not overrides.get("resume") and (not data or embedded_variant(data)):
+        from ..data.synthetic import DEFAULT_VARIANT, recipe, recipe_tasks, synthetic_dataset
+
+        variant = data or DEFAULT_VARIANT
+        if model.task not in (tasks := recipe_tasks(recipe(variant))):  # one line, as for bad stages
+            raise CheckpointConfigError(f"data={variant}: the embedded dataset has no {model.task} labels. "
+                                        f"Valid tasks: {', '.join(tasks)}.")
+        overrides["data"] = str(synthetic_dataset(model.task, variant=variant))
+        missing = "" if data else "'data' argument is missing. "
+        LOGGER.info(f"{missing}Using the embedded synthetic dataset 'data={overrides['data']}'.")
+    model.train(**overrides)
+
+
+def model_class(model: object) -> type:
+    """Our drop-in model class for a ``model=`` value, chosen by name as ``yolo`` chooses Ultralytics' own."""
+    import ultralytics
+
+    from ..regions.families import ultralytics_class
+    from .trainer import RTDETR, YOLO
+
+    return RTDETR if ultralytics_class(model) is ultralytics.RTDETR else YOLO
+
+
+def embedded_variant(data: object) -> bool:
+    """Whether a ``data=`` value names an embedded synthetic dataset (``synthetic_hr``, ``synthetic_medical``,
+    ``synthetic_dense``).
+
+    Like Ultralytics' ``data=coco8.yaml``, the name stands for a dataset yolo-ckpt generates for the model's task; a
+    local file or directory of that name wins, so the names never hide user data.
+
+    Args:
+        data: The ``data=`` value.
+
+    Returns:
+        (bool): True when ``train`` should generate the embedded variant ``data`` names.
+    """
+    from ..data.synthetic import VARIANTS
+
+    return isinstance(data, str) and data in VARIANTS and not Path(data).exists()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point of ``yolo-ckpt`` (and ``python -m yolo_ckpt``)."""
+    from ..regions.spec import CheckpointConfigError
+    from .offline import provide_fonts
+
+    args = sys.argv[1:] if argv is None else argv
+    provide_fonts()  # YOLO_OFFLINE: every mode, `yolo val` too, finds its plotting font without a network call
+    special = _special(args) if args else "help"
+    if special == "version":
+        LOGGER.info(versions())
+        return 0
+    if special == "help":
+        LOGGER.info(help_text())
+    if special or "train" not in args and args[:1] != ["profile"]:
+        sys.argv[:] = ["yolo", *args]  # in place: Ultralytics' entrypoint reads its ARGV alias of sys.argv
+        entrypoint()
+        return 0
+    try:
+        if args[:1] == ["profile"]:
+            profile(args[1:])
+        else:
+            train(args)
+    except CheckpointConfigError as e:
+        from ultralytics.utils import RANK
+
+        if RANK in {-1, 0}:  # under torchrun every rank stops with the same line; rank 0 shows it
+            print(f"yolo-ckpt: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
+    """``(autocast dtype or None, channels_last)`` as Ultralytics' trainer picks them (8.4.190, ``_setup_train`` and the
+    train loop): AMP and channels_last on CUDA only, ``amp=bf16`` as bfloat16, ``channels_last=None`` meaning on
+    (but on Windows)."""
+    import torch
+    from ultralytics.utils import WINDOWS
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None, False
+    amp = torch.bfloat16 if cfg.amp == "bf16" else torch.float16 if cfg.amp else None
+    return amp, cfg.channels_last is True or (cfg.channels_last is None and not WINDOWS)
+
+
+def profile(args: list[str], costs: Costs | None = None, candidates: bool = True) -> list[Path]:
+    """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed.
+
+    With ``simulate_gpu=SIZE`` (CPU only, as in ``train``) the whole profile, the model built included, runs on a
+    ``SimulatedDevice`` of that size; there and on CUDA a plan whose step does not fit the device is reported with
+    ``fits`` false and no figures.
+
+    ``costs`` (from Python only): the model's ``costs.unit_costs`` at this ``imgsz`` on this device, with
+    ``step.OBJECTS_PER_IMAGE`` objects, when the caller has already measured them (``benchmarks/every_model.py``
+    plans with the same costs afterwards); otherwise the profile measures them. ``candidates=False`` (from Python
+    only): the stages and plans tables alone, without ``tradeoff.tradeoffs`` (every candidate plan measured, most of a
+    profile's time), for a caller that checks only those (``tests/test_every_model.py``).
+    """
+    from ultralytics.cfg import get_save_dir
+    from ultralytics.utils import colorstr
+
+    from ..memory.device import SimulatedDevice
+    from ..planning.autobatch import parse_memory
+    from ..regions.families import DEFAULT_MODELS
+    from ..report.profiler import write_profile
+    from .settings import DEFAULT_CFG_DICT_CKPT, check_settings
+
+    overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
+    # no task= given: the model's own (``_profile_model``), as ``train`` infers it, not Ultralytics' default detect
+    cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, "task": None, **overrides,
+                             "mode": "profile"})
+    model_name = overrides.get("model") or DEFAULT_MODELS.get(overrides.get("task") or "detect", "yolo11n.yaml")
+    check_settings(model_name, vars(cfg))  # as train does: one line before anything is measured
+    model, amp = _profile_model(model_name, cfg)
+    with contextlib.ExitStack() as stack:
+        if cfg.simulate_gpu is not None:  # as in train: the model, built before, lives on the device too
+            gpu = stack.enter_context(SimulatedDevice(parse_memory(cfg.simulate_gpu), bool(cfg.simulate_allocator)))
+            gpu.track([*model.parameters(), *model.buffers()])
+            LOGGER.info(f"{colorstr('profile:')} simulate_gpu={cfg.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device "
+                        f"on CPU, {gpu.counts}")
+        stages, plans, extra, batch = _profile_tables(model, cfg, amp, costs, candidates)
+        if cfg.simulate_gpu is not None:
+            extra.setdefault("notes", []).append(f"the simulated device peaked at "
+                                                 f"{gpu.max_memory_allocated() / 2**20:.1f} MiB of "
+                                                 f"{gpu.limit / 2**20:.1f} MiB")
+    LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
+    front = [r for r in extra.get("candidates", []) if r["pareto"]]
+    for rows in (r for r in (stages, plans, front, extra.get("untouchable")) if r):
+        keys = list({k: None for r in rows for k in r})  # every row's keys: auto's choice has one more
+        LOGGER.info("  ".join(f"{k:>14}" for k in keys))
+        for r in rows:  # a figure not measured (the step did not fit the device) shows as "-"
+            LOGGER.info("  ".join(f"{'-' if r.get(k) is None else str(r[k]):>14}" for k in keys))
+    for line in extra.get("notes", []):
+        LOGGER.info(f"{colorstr('profile:')} {line}")
+    paths = write_profile(get_save_dir(cfg), stages, plans, extra)
+    LOGGER.info(f"{colorstr('profile:')} results saved to {paths[0].parent}")
+    return paths
+
+
+def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
+    """The model to profile on the run's device, in the run's memory format, and the run's autocast dtype."""
+    import torch
+    from ultralytics.utils.torch_utils import select_device
+
+    from ..memory.step import build_model
+
+    device = select_device(cfg.device, verbose=False)
+    amp, channels_last = training_formats(cfg, device)
+    model = build_model(model_name).to(device)
+    cfg.task = cfg.task or model.task
+    return (model.to(memory_format=torch.channels_last) if channels_last else model), amp
+
+
+def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | None = None,
+                    candidates: bool = True) -> tuple[list[dict], list[dict], dict, int]:
+    """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)`` (``candidates=False``: no tradeoffs,
+    ``{}``)."""
+    from ..regions.spec import word
+    from ..report.profiler import compare_plans, profile_stages, standard_plans
+    from ..report.tradeoff import tradeoffs
+    from .settings import is_auto
+
+    batch = int(cfg.batch) if cfg.batch >= 1 else 4
+    plans = standard_plans(model)
+    loss = word(cfg.checkpoint_loss) or "none"
+    if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
+        plans["yours"] = (cfg.checkpoint_stages or [], word(cfg.checkpoint_mode) or "full", cfg.checkpoint_layers, loss)
+    if loss != "none":  # the loss plan alone and with the whole network (every other row: Ultralytics' loss)
+        plans[f"loss {loss}"] = ([], "full", None, loss)
+        plans[f"all + head, loss {loss}"] = ("all", "full", "head", loss)
+    stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
+    plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
+    if not candidates:
+        return stages, plans, {}, batch
+    fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
+    return stages, plans, tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp, costs=costs), batch

@@ -1,0 +1,250 @@
+"""Peak memory per training epoch, where users look: results.csv, the console, Ultralytics' loggers, memory.png.
+
+``EpochPeak`` measures one epoch at a time with the right source for the run (:mod:`yolo_ckpt.memory.tracker`):
+
+==========================  ========================================  ===============================================
+run                         source                                    results.csv columns (GB = 2**30 bytes)
+==========================  ========================================  ===============================================
+CUDA                        caching allocator peaks                   ``mem/peak_alloc_GB``, ``mem/peak_reserved_GB``
+CPU (any non-CUDA device)   exact live tensor bytes (dispatch mode)   ``mem/peak_tensor_GB``
+CPU with ``compile=True``   process peak RSS (``VmHWM``)              ``mem/peak_rss_GB``
+==========================  ========================================  ===============================================
+
+Ultralytics' events do not always come in pairs: its first-epoch out-of-memory retry restarts an epoch without
+``on_train_epoch_end``, an exception skips the end, early stopping and resume start mid-way. So ``start`` restarts a
+measurement that is already running, ``stop`` on a meter that is not running reports nothing, and ``close`` (on any
+exit) leaves no dispatch mode behind. The trainer glue below is two callbacks, registered once per trainer, and
+``close_epoch_memory``, which the trainer calls however training ends.
+
+Examples:
+    >>> import torch
+    >>> meter = EpochPeak("cpu")
+    >>> meter.start()
+    >>> x = torch.ones(1024, 256)  # 1 MiB
+    >>> meter.start()  # an epoch restarted without ending (OOM retry): the peak restarts, nothing breaks
+    >>> y = x * 2  # +1 MiB
+    >>> del y
+    >>> meter.stop()["mem/peak_tensor_GB"] * 2**30
+    2097152.0
+    >>> meter.stop()  # not running: nothing measured, never a made-up 0
+    {}
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from ultralytics.utils import LOGGER, colorstr
+
+from ..memory.device import simulated_device
+from ..memory.tracker import GB, LiveTensorTracker, cuda_peaks, cuda_reset_peak, reset_rss_peak, rss_peak
+from .distributed import gather
+
+SOURCES: dict[str, tuple[tuple[str, ...], str]] = {  # source -> (results.csv columns, what the console line says)
+    "cuda": (("mem/peak_alloc_GB", "mem/peak_reserved_GB"), "allocated/reserved (CUDA allocator)"),
+    "tensor": (("mem/peak_tensor_GB",), "live tensor bytes (exact, CPU)"),
+    "rss": (("mem/peak_rss_GB",), "process peak RSS (CPU, compiled)"),
+}
+PREFIX = colorstr("memory:")
+
+
+class EpochPeak:
+    """Peak memory of one epoch: ``start()`` when it begins, ``stop()`` when it ends, ``close()`` on any exit.
+
+    Attributes:
+        source (str): ``"cuda"``, ``"tensor"`` (exact CPU tracking) or ``"rss"`` (CPU under torch.compile).
+        tracker (LiveTensorTracker | None): The exact tracker for ``"tensor"``; entered at ``start`` and exited at
+            ``stop`` on the same thread. Tensors alive before the first ``start`` count only if passed to its
+            ``track``; tensors allocated in an earlier epoch and still alive keep counting.
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None, compiled: bool = False) -> None:
+        """Create the meter.
+
+        Args:
+            device: Training device; an int or ``None`` with CUDA available means a CUDA device.
+            compiled: The model runs under ``torch.compile``; on CPU this selects process RSS, because exact
+                tracking runs every op through a dispatch mode that compiled graphs cannot contain.
+        """
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        self.source = "cuda" if self.device.type == "cuda" else "rss" if compiled else "tensor"
+        # on a simulated device every tensor of the run is counted already: its own peak is the epoch's
+        self.simulated = simulated_device() if self.source == "tensor" else None
+        self.tracker = LiveTensorTracker() if self.source == "tensor" and self.simulated is None else None
+        self._running = False
+        self._ops_at_start = 0
+        self._rss_ok = False
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Names of the values ``stop`` returns for this source (results.csv columns)."""
+        return SOURCES[self.source][0]
+
+    @property
+    def description(self) -> str:
+        """What the figures are, for the console line."""
+        return "live tensor bytes on the simulated device (exact, CPU)" if self.simulated else SOURCES[self.source][1]
+
+    @property
+    def running(self) -> bool:
+        """Whether an epoch is being measured."""
+        return self._running
+
+    def start(self) -> None:
+        """Begin measuring an epoch; if one is being measured already (restarted without an end), restart its peak."""
+        if self.source == "cuda":
+            cuda_reset_peak(self.device)
+        elif self.source == "rss":
+            self._rss_ok = reset_rss_peak()
+        elif self.simulated is not None:
+            self.simulated.reset_peak()
+            self._ops_at_start = self.simulated.num_ops
+        else:
+            self.tracker.reset_peak()
+            self._ops_at_start = self.tracker.num_ops
+            if not self._running:
+                self.tracker.__enter__()
+        self._running = True
+
+    def stop(self) -> dict[str, float]:
+        """End the epoch and return its peaks in GB; ``{}`` when not measuring or nothing was measured."""
+        if not self._running:
+            return {}
+        if self.tracker is not None:
+            self.tracker.__exit__(None, None, None)  # raises (and stays entered) if another mode is on top
+        self._running = False
+        if self.source == "cuda":
+            torch.cuda.synchronize(self.device)
+            values = cuda_peaks(self.device)
+        elif self.source == "rss":
+            peak = rss_peak() if self._rss_ok else None
+            values = (peak,) if peak else ()
+        else:
+            counter = self.simulated or self.tracker
+            values = (counter.peak,) if counter.num_ops > self._ops_at_start else ()
+        return {k: v / GB for k, v in zip(self.keys, values)}
+
+    def close(self) -> None:
+        """Stop measuring without reporting (training ended, or failed, mid-epoch): no device call that could fail."""
+        if self._running and self.tracker is not None:
+            self.tracker.__exit__(None, None, None)
+        self._running = False
+
+
+def is_compiled(model: Any) -> bool:
+    """Whether ``model`` (possibly inside DataParallel/DDP) is a ``torch.compile`` module."""
+    while isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+        model = model.module
+    return hasattr(model, "_orig_mod")
+
+
+# Trainer glue: Ultralytics callbacks. Module-level functions, so a DDP worker that receives a trainer's callbacks
+# (pickled by reference) gets these very objects and a trainer can register each once.
+def start_epoch_memory(trainer: Any) -> None:
+    """``on_train_epoch_start``: (re)start the epoch's peak; on CPU count the live weights, EMA and optimizer state."""
+    meter = trainer.memory_meter
+    if meter is None:
+        meter = trainer.memory_meter = EpochPeak(trainer.device, compiled=is_compiled(trainer.model))
+        if meter.source == "rss":
+            LOGGER.info(f"{PREFIX} compile=True on CPU: exact tensor tracking would run every op through a dispatch "
+                        f"mode that compiled graphs cannot hold, so mem/peak_rss_GB is the process peak RSS instead")
+    if meter.tracker is not None:
+        held = [trainer.model.parameters(), trainer.model.buffers(), trainer.ema.ema.state_dict(),
+                trainer.optimizer.state_dict()["state"]]
+        meter.tracker.track([list(h) if not isinstance(h, dict) else h for h in held])
+    meter.start()
+
+
+def stop_epoch_memory(trainer: Any) -> None:
+    """``on_train_epoch_end``: keep the epoch's peaks for results.csv and the loggers, and print them.
+
+    Under DDP (every rank runs this event) each rank measures its own process and device; results.csv and the loggers
+    get the maximum over ranks, the rank that runs out first, and the console line names it.
+    """
+    meter = trainer.memory_meter
+    measured = meter.stop() if meter is not None else {}
+    keys = meter.keys if meter is not None else ()
+    own = {k: measured.get(k, math.nan) for k in keys}  # fixed columns; NaN = not measured
+    ranks = gather(own)
+    trainer.epoch_memory_own = own
+    trainer.epoch_memory, top = most_of(ranks, keys)
+    if any(math.isfinite(v) for v in trainer.epoch_memory.values()):
+        values = "/".join(f"{v:.3f}" for v in trainer.epoch_memory.values())
+        where = f", rank {top} of {len(ranks)} (the most; ranks {rank_values(ranks, keys)})" if len(ranks) > 1 else ""
+        LOGGER.info(f"{PREFIX} epoch {trainer.epoch + 1} peak {values} GB {meter.description}{where}")
+
+
+def most_of(ranks: list[dict[str, float]], keys: tuple[str, ...]) -> tuple[dict[str, float], int]:
+    """Each column's maximum over ranks (NaN where no rank measured it), and the rank holding the first column's."""
+    def value(r: int, k: str) -> float:
+        v = ranks[r].get(k, math.nan)
+        return v if math.isfinite(v) else -math.inf
+
+    best = {k: max(range(len(ranks)), key=lambda r: value(r, k)) for k in keys}
+    peaks = {k: ranks[r].get(k, math.nan) if math.isfinite(value(r, k)) else math.nan for k, r in best.items()}
+    return peaks, (best[keys[0]] if keys else 0)
+
+
+def rank_values(ranks: list[dict[str, float]], keys: tuple[str, ...]) -> str:
+    """``0.103, 1.234``: the first column of every rank, in rank order."""
+    return ", ".join(f"{r.get(keys[0], math.nan):.3f}" for r in ranks) if keys else ""
+
+
+def close_epoch_memory(trainer: Any) -> None:
+    """On any end of training, also after an exception: never leave the CPU tracker active."""
+    if trainer.memory_meter is not None:
+        trainer.memory_meter.close()
+
+
+CALLBACKS = {"on_train_epoch_start": start_epoch_memory, "on_train_epoch_end": stop_epoch_memory}
+
+
+def epoch_ticks(ax: Any, epochs: Any) -> None:
+    """Tick whole epochs only: each epoch of a short run, whole numbers of a long one (matplotlib's default ticks a
+    single epoch at 0.96-1.04)."""
+    from matplotlib.ticker import MaxNLocator
+
+    if len(epochs) <= 20:
+        ax.set_xticks(epochs)
+        ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plot_memory(csv_file: str | Path) -> Path | None:
+    """Plot the ``mem/*`` columns of an Ultralytics results.csv per epoch into ``memory.png`` beside it.
+
+    Returns:
+        The PNG path, or ``None`` when the file has no memory column (nothing is drawn from nothing).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    csv_file = Path(csv_file)
+    names = [c.strip() for c in csv_file.read_text().splitlines()[0].split(",")]
+    columns = [i for i, c in enumerate(names) if c.startswith("mem/")]
+    if not columns:
+        return None
+    data = np.atleast_2d(np.loadtxt(csv_file, delimiter=",", skiprows=1))
+    if not np.isfinite(data[:, columns]).any():  # no epoch was measured: nothing to draw
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4), tight_layout=True)
+    for i in columns:
+        ax.plot(data[:, 0], data[:, i], marker=".", label=names[i].removeprefix("mem/"))
+    top = float(np.nanmax(data[:, columns])) * 1.15
+    ax.set(xlabel="epoch", ylabel="peak memory (GB = 2^30 B)", title="peak memory per epoch", ylim=(0, top))
+    epoch_ticks(ax, data[:, 0])
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = csv_file.with_name("memory.png")
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path

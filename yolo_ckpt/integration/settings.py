@@ -1,0 +1,145 @@
+"""Our keys (``cfg/default.yaml``) beside Ultralytics' own: read, checked in one line before any work, saved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from ultralytics.cfg import DEFAULT_CFG_DICT
+from ultralytics.utils import YAML
+
+from ..data.resources import data_file
+from ..loss.install import check_loss_setting
+from ..memory.device import parse_device
+from ..planning.autobatch import parse_memory
+from ..regions.families import DEFAULT_MODELS, check_supported
+from ..regions.install import check_plan
+from ..regions.plan import CheckpointPlan
+from ..regions.recompute import MODES
+from ..regions.spec import CheckpointConfigError, word
+
+CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
+DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
+
+
+def check_settings(model: Any, args: dict) -> None:
+    """Reject bad values of our keys with one line naming what is valid.
+
+    Args:
+        model: The model argument (YAML, ``.pt`` or built model) that ``checkpoint_stages`` refers to, or ``None``.
+        args: Training arguments holding ``checkpoint_stages``, ``checkpoint_layers``, ``checkpoint_mode`` and
+            ``memory_budget``.
+
+    Raises:
+        CheckpointConfigError: For a model family yolo-ckpt cannot train, invalid stages of this model, an unknown
+            mode or an unreadable memory budget.
+    """
+    if model is not None:
+        check_supported(model)
+    for key in ("memory_budget", "simulate_gpu"):
+        if args.get(key) is not None:
+            try:
+                parse_memory(args[key])
+            except ValueError as e:
+                raise CheckpointConfigError(str(e).replace("memory_budget=", f"{key}=")) from None
+    if args.get("simulate_allocator") and args.get("simulate_gpu") is None:
+        raise CheckpointConfigError("simulate_allocator=True rounds the tensors of a simulated GPU. Valid: with "
+                                    "simulate_gpu=SIZE and device=cpu, or simulate_allocator=False.")
+    if args.get("simulate_gpu") is not None and trains_on_cuda(args.get("device")):
+        raise CheckpointConfigError(f"simulate_gpu={args['simulate_gpu']!r} rehearses a GPU on CPU. Valid: with "
+                                    f"device=cpu, or no simulate_gpu on a CUDA device (its own memory counts).")
+    if is_auto(args.get("checkpoint_stages")):
+        if args.get("checkpoint_layers"):
+            raise CheckpointConfigError(f"checkpoint_layers={args['checkpoint_layers']!r}: checkpoint_stages=auto "
+                                        f"chooses the layers and the mode itself. Valid: [] or nothing with auto.")
+        if args.get("memory_budget") is None and args.get("simulate_gpu") is None and \
+                not trains_on_cuda(args.get("device")):
+            raise CheckpointConfigError("checkpoint_stages=auto needs a memory target: memory_budget=24GB (any "
+                                        "device), a CUDA device (its memory) or simulate_gpu=24GB with device=cpu.")
+    if (mode := word(args.get("checkpoint_mode")) or "full") not in MODES:
+        raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
+                                    f"'selective' (keep outputs costly to recompute, recompute the rest).")
+    check_task(model, args.get("task"))
+    check_loss_setting(args.get("checkpoint_loss"), args.get("task") or yaml_task(model), model_name(model))
+    if model is not None and not is_auto(args.get("checkpoint_stages")):
+        plan = CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
+        check_plan(plan, mode, args.get("compile"))
+
+
+def model_name(model: Any) -> str:
+    """The name a model argument goes by: its file name, or the class of a built model."""
+    return Path(model).name if isinstance(model, (str, Path)) else type(model).__name__
+
+
+def trains_on_cuda(device: Any) -> bool:
+    """Whether Ultralytics' ``select_device`` puts a run with ``device=`` on CUDA (the training device decides, not
+    whether the machine has CUDA): nothing given when CUDA is available; ``cuda``, ``cuda:N``, indices (``0``,
+    ``0,1``, ``[0, 1]``, ``-1`` for an idle GPU) always; ``cpu``, ``mps``, ``npu``, ``xpu`` and every other backend
+    never (the same spellings ``ultralytics.utils.torch_utils.parse_device`` reads, 8.4.190, without its GPU
+    queries)."""
+    backend, _ = parse_device(device)
+    return torch.cuda.is_available() if backend == "" else backend == "cuda"
+
+
+# Ultralytics head modules and the task each trains (8.4.190), most specific first: Segment, Pose and OBB subclass
+# Detect; YOLOESegment subclasses YOLOEDetect, not Segment.
+HEAD_TASKS = (("SemanticSegment", "semantic"), ("Segment", "segment"), ("YOLOESegment", "segment"), ("Pose", "pose"),
+              ("OBB", "obb"), ("Depth", "depth"), ("Classify", "classify"), ("Detect", "detect"),
+              ("RTDETRDecoder", "detect"))
+
+
+def yaml_task(model: Any) -> str | None:
+    """The task a model YAML's output module trains, or ``None`` when ``model`` is no YAML or its head is unknown."""
+    import ultralytics.nn.modules as modules
+    from ultralytics.nn.tasks import yaml_model_load
+
+    if not isinstance(model, (str, Path)) or Path(model).suffix not in {".yaml", ".yml"}:
+        return None
+    try:
+        head = getattr(modules, str(yaml_model_load(model)["head"][-1][2]), None)
+    except Exception:  # a missing or malformed YAML: Ultralytics' own error comes when it is built
+        return None
+    classes = [(getattr(modules, name), task) for name, task in HEAD_TASKS]
+    return next((task for cls, task in classes if isinstance(head, type) and issubclass(head, cls)), None)
+
+
+def check_task(model: Any, task: str | None) -> None:
+    """Reject, in one line, a task yolo-ckpt has no trainer for, or a task the model's head does not train.
+
+    The one task check: ``check_settings`` runs it before any work, and ``yolo-ckpt train`` also on the task of the
+    model it built (a checkpoint's own task), so no task falls through to a trainer that rejects our keys.
+
+    Args:
+        model: The model argument whose YAML head must train ``task``, or ``None`` to check only the task name.
+        task: The task word given (or the built model's task); ``None`` checks nothing.
+
+    Raises:
+        CheckpointConfigError: Naming the valid tasks, or a model of the task and the model's own task.
+    """
+    if task is None:
+        return
+    if task not in DEFAULT_MODELS:
+        raise CheckpointConfigError(f"task={task!r} is not a task yolo-ckpt trains. "
+                                    f"Valid: {', '.join(DEFAULT_MODELS)}.")
+    own = yaml_task(model)
+    if own is not None and own != task:
+        raise CheckpointConfigError(f"task={task}: {Path(model).name} is a {own} model (its output layer trains "
+                                    f"{own}). Valid: a {task} model such as {DEFAULT_MODELS[task]}, or task={own}.")
+
+
+def saved_settings(ckpt: dict) -> dict[str, Any]:
+    """Our keys as a yolo-ckpt checkpoint records them: in its model's own ``args`` (see ``save_model``).
+
+    Plain Ultralytics never reads those back as training arguments (``load_checkpoint`` replaces them with
+    ``train_args``), so they cannot break ``yolo train resume``.
+    """
+    model = ckpt.get("ema") or ckpt.get("model")
+    args = getattr(model, "args", None) or {}
+    args = args if isinstance(args, dict) else vars(args)
+    return {k: args[k] for k in CKPT_CFG_DICT if k in args}
+
+
+def is_auto(stages: Any) -> bool:
+    """Whether ``checkpoint_stages`` asks for the plan to be chosen (``auto``)."""
+    return word(stages) == "auto"

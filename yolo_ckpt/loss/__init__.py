@@ -1,0 +1,1 @@
+"""The criterion checkpointed: a loss plan installed on Ultralytics' criterion, and its pieces per task."""

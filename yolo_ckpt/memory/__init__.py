@@ -1,0 +1,1 @@
+"""Measuring memory exactly: the live-tensor tracker, the device (real or simulated), one training step."""

@@ -1,0 +1,139 @@
+"""Out of memory in the first epoch: recompute more at the same batch before Ultralytics halves it.
+
+Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) halves the batch on any out-of-memory error and
+restarts the epoch. A run that checkpoints can usually keep its batch by recomputing more instead: ``next_plan``
+finds the cheapest plan predicted to keep less than the one that failed and measures it at the same batch on a copy,
+within what the device has free once the failed step is released, less what the restarted epoch needs beside the
+step (the optimizer's moments, the training loop's other batches: ``step.loop_bytes``); only when no plan keeps
+less is the batch halved.
+
+A restart after an escalation is the run a user would have started with the new plan: ``Snapshot`` keeps what the
+failed step changed before any optimizer step (BatchNorm buffers, the random generators' states) and puts it back.
+
+Examples:
+    >>> snap = Snapshot.take(model, ema_updates=0)  # doctest: +SKIP
+    >>> settings, measured = next_plan(model, {"checkpoint_stages": [2, 3]}, imgsz=640, batch=4)  # doctest: +SKIP
+    >>> snap.restore(model)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..memory.step import batch_bytes, planned_copy, state_bytes
+from ..regions.plan import CheckpointPlan
+from .choice import MAX_MEASURED, measure_candidate, measure_copy
+from .costs import Costs, unit_costs
+from .search import escalations, least_keeping
+from .units import HEAD, NECK
+
+
+@dataclass
+class Snapshot:
+    """What a training step changes before the optimizer steps: module buffers and the random generators.
+
+    Attributes:
+        buffers (list[torch.Tensor]): Clones of every buffer of the model (BatchNorm statistics), in order.
+        rng (tuple): States of Python's, NumPy's and torch's generators (and CUDA's, where initialised).
+        ema_updates (int): EMA updates at the snapshot: equal later means no optimizer step happened since.
+    """
+
+    buffers: list
+    rng: tuple
+    ema_updates: int
+
+    @classmethod
+    def take(cls, model: nn.Module, ema_updates: int) -> Snapshot:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+        return cls([b.detach().clone() for b in model.buffers()], rng, ema_updates)
+
+    def restore(self, model: nn.Module) -> None:
+        """Put the buffers (in place: the EMA and optimizer keep their tensors) and generators back."""
+        with torch.no_grad():
+            for b, s in zip(model.buffers(), self.buffers):
+                b.copy_(s)
+        random.setstate(self.rng[0])
+        np.random.set_state(self.rng[1])
+        torch.set_rng_state(self.rng[2])
+        if self.rng[3] is not None:
+            torch.cuda.set_rng_state_all(self.rng[3])
+
+
+def _normal(settings: dict[str, Any], stages: list[int]) -> tuple:
+    """A plan's settings in one spelling: stages as a sorted list (``all`` is every stage of ``stages``), words in
+    lower case, layer items as strings."""
+    spec, layers = settings.get("checkpoint_stages"), settings.get("checkpoint_layers")
+    spec = list(stages) if isinstance(spec, str) and spec.strip().lower() == "all" else \
+        sorted(spec if isinstance(spec, (list, tuple)) else [] if spec is None else [spec])
+    layers = layers.strip().lower() if isinstance(layers, str) else [str(x) for x in layers or []]
+    return spec, layers, (settings.get("checkpoint_mode") or "full").strip().lower()
+
+
+def keeps_least(settings: dict[str, Any], least: dict[str, Any] | None, stages: list[int]) -> bool:
+    """Whether ``settings`` are the plan that keeps the least, ``least``: nothing keeps less, so an out-of-memory
+    error can only be met by a smaller batch. ``least`` is the planner's least-keeping candidate once the units are
+    measured (``search.least_keeping``), before that ``search.deepest``; ``None`` (not known) keeps nothing least.
+    Decided from the values alone: it is asked while the failed step still holds its memory, where no dry run may
+    allocate."""
+    return least is not None and _normal(settings, stages) == _normal(least, stages)
+
+
+def _units(model: nn.Module, settings: dict[str, Any], costs: Costs) -> tuple | None:
+    """The planner's units of ``settings`` (stages, then neck and head for ``checkpoint_layers=head``), or ``None``
+    for plans outside that space."""
+    layers = settings.get("checkpoint_layers")
+    if layers not in (None, [], HEAD) and not (isinstance(layers, str) and layers.strip().lower() == HEAD):
+        return None
+    stages = CheckpointPlan.from_spec(model, settings.get("checkpoint_stages")).stages
+    return (*stages, *(u for u in costs.units if u in (NECK, HEAD) and layers))
+
+
+def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int, objects: int = 50,
+              amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[dict[str, Any], int | None]:
+    """Where a run that ran out of memory at ``batch`` with ``settings`` goes: the cheapest plan predicted to keep less
+    whose step at ``batch`` fits what the device has free now less the training loop's other batches (measured on
+    copies; ``choice.measure_candidate``), or, when none is measured to fit, the planner's least-keeping
+    candidate (``search.least_keeping``, unmeasured: the next out-of-memory error then halves the batch).
+
+    Args:
+        model: The training model (plan installed or not); copies are measured, it never runs.
+        settings: The failed plan's ``checkpoint_stages``, ``checkpoint_layers`` and ``checkpoint_mode``.
+        imgsz: Training image size.
+        batch: The batch that ran out of memory (per process).
+        objects: Labelled objects per image in the measured batches.
+        amp: Autocast dtype of the run's forward.
+        costs: ``unit_costs`` of the model at ``imgsz`` (auto measured them already), or ``None`` to measure them.
+
+    Returns:
+        (tuple): The next plan's settings and its measured step bytes (``None`` when not measured).
+    """
+    costs = costs or unit_costs(model, imgsz, objects, amp)
+    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
+    units, measured = _units(model, settings, costs), False
+    if units is not None and all(u in costs.units for u in units) and units:
+        current = fixed + costs.predict(units, settings.get("checkpoint_mode") or "full", batch)[0]
+    elif units == ():
+        current = fixed + costs.predict((), "full", batch)[0]
+    else:  # a plan outside the units (layer lists, parts): its own step at the batch, measured as candidates are
+        # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px put a
+        # plan of parts above stage 1 alone, which keeps more)
+        with planned_copy(model, settings.get("checkpoint_stages"), settings.get("checkpoint_mode") or "full",
+                          settings.get("checkpoint_layers") or None) as m:
+            got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
+        current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
+        measured = True
+    for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
+        got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
+        # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
+        # auto wrote it as a per-unit plan, was chosen again)
+        if got is not None and (not measured or got < current):
+            return c.settings, got
+    return least_keeping(costs, batch, fixed).settings, None
+

@@ -1,0 +1,1 @@
+"""Which layers a training step recomputes, and how: the plan, its grammar, the model's graph, the recompute."""

@@ -1,0 +1,1 @@
+"""What checkpointing buys, reported: the profile, the trade-off front, the comparison with vanilla, plots."""

@@ -1,0 +1,214 @@
+"""Report what checkpointing buys: per-stage saved bytes and recompute FLOPs, per-plan peak memory and step time.
+
+Every figure is measured on a real training step — ``model.loss(batch)`` forward and backward, the step the trainer
+runs — with exact tensor accounting (``LiveTensorTracker``), FLOPs counted as ``FlopCounterMode`` counts them
+(convolutions and matmuls, recompute included) and wall-clock time, checkpointed and vanilla side by side in one
+process. On a GPU or a simulated one (``simulate_gpu=``) every step runs within what the device has free
+(``yolo_ckpt.report.fitting``): a plan whose step does not fit is reported so (``fits`` false, no figures), and
+when vanilla does not fit, nothing is given as a ratio to it.
+
+Examples:
+    >>> from yolo_ckpt.memory.step import build_model
+    >>> model = build_model("yolo11n.yaml")
+    >>> rows = compare_plans(model, imgsz=320, batch=2, plans={"none": [], "all": "all"}, repeats=1)
+    >>> rows[1]["peak_ratio"] < 0.7
+    True
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..memory.step import measure_peak, planned_copy, step_loss, training_batch
+from ..planning import costs
+from ..regions.graph import model_stages
+from ..regions.plan import CheckpointPlan
+from .fitting import fitting_step, mib, plan_step, ratio, time_plans
+from .plots import axes, legend_points
+
+
+def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int | None = None,
+                  progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
+    """Measure each plan's training step, one copy at a time; ratios are to the first plan (vanilla).
+
+    A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode[, checkpoint_layers[,
+    checkpoint_loss]])`` tuple (no ``checkpoint_loss``: the loss plan ``model`` has).
+
+    Memory and FLOPs are exact per plan, each step within what the device has free (``fitting.fitting_step``); step
+    times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``; ``None``: as many as planning times,
+    ``costs.TIMED_STEPS``); ``amp`` is the forward's autocast dtype (``None``: full precision).
+
+    Returns:
+        (list[dict]): One row per plan: name, stages, ``fits``, peak/FLOP/time figures and ratios to the first plan.
+        A plan whose step does not fit the device has ``fits`` false and no figures; when the first plan does not
+        fit, no row has ratios.
+    """
+    from ultralytics.utils import TQDM
+
+    repeats = costs.TIMED_STEPS if repeats is None else repeats
+    plans = {name: spec if isinstance(spec, tuple) else (spec, "full") for name, spec in plans.items()}
+    items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
+    fits = {name: plan_step(model, spec, imgsz, batch, amp) for name, spec in items}
+    measured = [name for name, fit in fits.items() if fit is not None]
+    seconds = dict(zip(measured, time_plans(model, [plans[n] for n in measured], imgsz, batch, repeats, amp)))
+    first = next(iter(fits))
+    base, base_s = fits[first], seconds.get(first)
+    rows = []
+    for name, fit in fits.items():
+        peak, flops, cuda = (fit.peak_bytes, fit.flops, fit.cuda_peak_bytes) if fit else (None, None, None)
+        rows.append({
+            "plan": name,
+            "stages": CheckpointPlan.from_spec(model, plans[name][0]).stages,
+            "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:3]).layer_spec(),
+            "mode": plans[name][1],
+            "fits": fit is not None,
+            "peak_MiB": mib(peak),
+            "GFLOPs": None if flops is None else round(flops / 1e9, 2),
+            "step_s": None if name not in seconds else round(seconds[name], 4),
+            "peak_ratio": ratio(peak, base and base.peak_bytes),
+            "flops_ratio": ratio(flops, base and base.flops),
+            "time_ratio": ratio(seconds.get(name), base_s),
+            **({"cuda_peak_MiB": mib(cuda), "cuda_peak_ratio": ratio(cuda, base and base.cuda_peak_bytes)}
+               if cuda else {}),
+        })
+    return rows
+
+
+def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, ...]],
+                     amp: torch.dtype | None = None) -> dict[int, int]:
+    """Bytes each stage saves for backward in a plain step under autocast of ``amp`` (as the run's forward), from
+    ``saved_tensors_hooks``, one count per storage."""
+    saved: dict[int, dict[int, torch.UntypedStorage]] = {k: {} for k in stages}
+    hooks, contexts = [], {}
+
+    def enter(k):
+        def pack(t):  # autograd keeps nothing (no backward follows: see graph.head_layers on what keeping t would
+            # leak); the storage is held here until the count, so that a freed one's address is never counted again
+            st = t.untyped_storage()
+            saved[k][st._cdata] = st
+
+        contexts[k] = torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None)
+        contexts[k].__enter__()
+
+    for k, layers in stages.items():
+        hooks.append(model.model[layers[0]].register_forward_pre_hook(lambda m, i, k=k: enter(k)))
+        leave = lambda m, i, o, k=k: contexts[k].__exit__(None, None, None)  # noqa: E731
+        hooks.append(model.model[layers[-1]].register_forward_hook(leave))
+    try:
+        step_loss(model, data, amp)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: sum(st.nbytes() for st in v.values()) for k, v in saved.items()}
+
+
+def _stage_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None, stage: int | None = None,
+                end: int | None = None) -> tuple[int, int, list | None] | None:
+    """``(FLOPs, bytes kept after forward, output shape of layer end)`` of a step of ``model`` (of a copy with only
+    ``stage`` checkpointed, gone when it returns: see ``fitting.plan_step``), or ``None`` when it does not fit the
+    device: a bounded step (``fitting_step``) first, then the step again on a batch of the same size — in the memory
+    the first had, so it fits — for what it keeps after forward."""
+    with planned_copy(model, [stage]) if stage is not None else nullcontext(model) as m:
+        fit = fitting_step(m, imgsz, batch, amp)
+        if fit is None:
+            return None
+        shapes: list[list[int]] = []
+        hook = None if end is None else m.model[end].register_forward_hook(lambda _, i, o: shapes.append(list(o.shape)))
+        try:
+            kept = measure_peak(m, training_batch(m, imgsz, batch), amp).saved
+        finally:
+            if hook is not None:
+                hook.remove()
+        return fit.flops, kept, shapes[0] if shapes else None
+
+
+def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False,
+                   amp: torch.dtype | None = None) -> list[dict]:
+    """Per backbone stage: layers, output shape, bytes kept for backward with and without checkpointing, FLOPs.
+
+    Without checkpointing, a stage keeps what its ops save for backward (``saved_tensors_hooks``). Checkpointed, it
+    keeps that minus what checkpointing frees, the drop in exact live tensor bytes after forward when this stage alone
+    is checkpointed. Recompute FLOPs are the extra FLOPs of that step.
+
+    Every step runs within what the device has free (``fitting.fitting_step``). The figures compare two steps,
+    vanilla's and the stage's: where either does not fit the device, ``fits`` is false and they are ``None``.
+    """
+    from ultralytics.utils import TQDM
+
+    stages = model_stages(model)
+    base = _stage_step(model, imgsz, batch, amp)
+    # A forward that keeps what vanilla's keeps, and no backward: it fits wherever vanilla's whole step fit.
+    saved = _saved_per_stage(model, training_batch(model, imgsz, batch), stages, amp) if base else {}
+    model.zero_grad(set_to_none=True)
+    rows = []
+    for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
+        step = _stage_step(model, imgsz, batch, amp, k, stages[k][-1])
+        both = base is not None and step is not None
+        rows.append({
+            "stage": k,
+            "layers": list(stages[k]),
+            "modules": [type(model.model[i]).__name__ for i in stages[k]],
+            "output_shape": step[2] if step else None,
+            "fits": both,
+            "saved_MiB_vanilla": mib(saved.get(k), 2),
+            "saved_MiB_checkpointed": mib(saved[k] - (base[1] - step[1]), 2) if both else None,
+            "recompute_GFLOPs": round((step[0] - base[0]) / 1e9, 3) if both else None,
+        })
+    return rows
+
+
+def standard_plans(model: nn.Module) -> dict[str, Any]:
+    """The plans the profiler compares: none, each single stage, [2,3] and all, all recomputed selectively, and the
+    whole network (all stages and ``checkpoint_layers=head``), full and selective."""
+    stages = sorted(model_stages(model))
+    plans = {"none": [], **{f"[{k}]": [k] for k in stages}}
+    if {2, 3} <= set(stages):
+        plans["[2,3]"] = [2, 3]
+    plans["all"] = "all"
+    plans["all selective"] = ("all", "selective")
+    plans["all + head"] = ("all", "full", "head")
+    plans["all + head selective"] = ("all", "selective", "head")
+    return plans
+
+
+def write_profile(save_dir: Path, stages: list[dict], plans: list[dict], extra: dict | None = None) -> list[Path]:
+    """Write profile.json, plans.csv, stages.csv and a PNG of memory versus time; with ``extra``
+    (``yolo_ckpt.report.tradeoff.tradeoffs``) also candidates.csv, untouchable.csv and pareto.png; return the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    save_dir.mkdir(parents=True, exist_ok=True)
+    paths = [save_dir / "profile.json", save_dir / "plans.csv", save_dir / "stages.csv", save_dir / "tradeoff.png"]
+    extra = extra or {}
+    tables = {"plans.csv": plans, "stages.csv": stages}
+    if extra:
+        tables.update({"candidates.csv": extra["candidates"], "untouchable.csv": extra["untouchable"]})
+    paths[0].write_text(json.dumps({"stages": stages, "plans": plans, **extra}, indent=2, default=str))
+    for name, rows in tables.items():
+        with open(save_dir / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list({k: None for r in rows for k in r}))  # every row's keys
+            writer.writeheader()
+            writer.writerows(rows)
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    x, y, unit = axes(plans, ("time_ratio", "peak_ratio", " / vanilla"), ("step_s", "peak_MiB", ""))
+    legend_points(ax, [r for r in plans if r[x] is not None and r[y] is not None], x, y, lambda r: r["plan"])
+    ax.set(xlabel=f"step time{unit or ' (s)'}", ylabel=f"peak live tensor bytes{unit or ' (MiB)'}",
+           title="checkpointing trade-off" + ("" if unit else " (vanilla does not fit the device)"))
+    ax.grid(alpha=0.3)
+    fig.savefig(paths[3], dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    if extra:
+        from .tradeoff import plot_front
+
+        paths += [save_dir / "candidates.csv", save_dir / "untouchable.csv", save_dir / "pareto.png"]
+        plot_front(extra["candidates"], paths[-1], extra.get("chosen"))
+    return paths

@@ -1,0 +1,104 @@
+"""What checkpointing bought in a finished run: its peak memory next to vanilla's, and what the recompute cost.
+
+With ``checkpoint_compare=True`` (the demo recipe ``cfg/demo.yaml`` sets it), ``compare_with_vanilla`` runs at
+``on_train_end``: one training step of the final model with the run's plan and one without, measured side by side on
+copies at the run's batch and imgsz (``profiler.compare_plans``: the exact peak of live tensor bytes, FLOPs counted,
+median step time of 3 interleaved rounds), logged beside the run's own per-epoch peak from results.csv. Every figure
+is measured in this run; the trained model is never stepped.
+
+Examples:
+    $ yolo-ckpt train data=my.yaml checkpoint_stages=all checkpoint_compare
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from copy import deepcopy
+from typing import Any
+
+import torch
+from ultralytics.utils import LOGGER, colorstr
+from ultralytics.utils.torch_utils import unwrap_model
+
+from ..loss.install import disable_loss_checkpointing, loss_checkpointing
+from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing
+from ..regions.plan import CheckpointPlan
+from .profiler import compare_plans
+
+PREFIX = colorstr("checkpoint:")
+COMPARE_ROUNDS = 3  # timed rounds of the two steps (median): a figure reported to the user, whatever planning times
+
+
+def autocast_dtype(trainer: Any) -> torch.dtype | None:
+    """The autocast dtype of the trainer's forward, as Ultralytics' train loop picks it (8.4.190), ``None`` for fp32."""
+    return torch.bfloat16 if trainer.args.amp == "bf16" else torch.float16 if trainer.amp else None
+
+
+def run_peak(csv_file: Any) -> tuple[str, float] | None:
+    """The first ``mem/*`` column of results.csv and its largest value over the epochs, or ``None``."""
+    try:
+        with open(csv_file, newline="") as f:
+            rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
+    except FileNotFoundError:
+        return None
+    key = next((k for k in (rows[0] if rows else {}) if k.startswith("mem/")), None)
+    values = [float(r[key]) for r in rows if key and r.get(key)] if key else []
+    values = [v for v in values if math.isfinite(v)]
+    return (key, max(values)) if values else None
+
+
+def compare_with_vanilla(trainer: Any) -> list[dict] | None:
+    """``on_train_end`` with ``checkpoint_compare``: measure this run's plan against vanilla and log the summary.
+
+    Returns:
+        (list[dict] | None): The two rows of ``compare_plans`` (vanilla first), or ``None`` when not asked for, when
+        nothing was recomputed, or when vanilla's step does not fit the device.
+    """
+    if not getattr(trainer.args, "checkpoint_compare", False):
+        return None
+    model = unwrap_model(trainer.model)
+    plan, mode, loss = checkpoint_plan(model) or CheckpointPlan(), checkpoint_mode(model), loss_checkpointing(model)
+    if not plan.regions and loss is None:
+        LOGGER.info(f"{PREFIX} compare: nothing was recomputed in this run")
+        return None
+    # per process, as each trains: Ultralytics' ``batch_size`` is the global batch, split across DDP's ranks
+    batch = max(int(trainer.batch_size) // max(getattr(trainer, "world_size", 1), 1), 1)
+    imgsz = int(trainer.args.imgsz)
+    name = " + ".join([*([plan.describe(mode)] if plan.regions else []), *([f"loss {loss}"] if loss else [])])
+    layers = plan.layer_spec() or None
+    copy = deepcopy(model).train()  # the plans are measured on copies of a plain, train-mode copy
+    disable_checkpointing(copy)
+    disable_loss_checkpointing(copy)
+    LOGGER.info(f"{PREFIX} compare: one training step of the final model with and without checkpointing, "
+                f"imgsz={imgsz} batch={batch}, side by side...")
+    try:  # each step within what the device has free: a step that does not fit is a row with fits=False
+        ours = (plan.stages, mode or "full", layers, loss or "none")
+        rows = compare_plans(copy, imgsz, batch, {"vanilla": [], name: ours}, COMPARE_ROUNDS,
+                             amp=autocast_dtype(trainer))
+    finally:
+        del copy
+    if over := [r["plan"] for r in rows if not r["fits"]]:
+        LOGGER.info(f"{PREFIX} compare: the step of {' and '.join(over)} does not fit what this device has free at "
+                    f"imgsz={imgsz} batch={batch}; {name} trained in it")
+        return None
+    for line in summary_lines(rows, run_peak(trainer.csv)):
+        LOGGER.info(f"{PREFIX} {line}")
+    return rows
+
+
+def summary_lines(rows: list[dict], peak: tuple[str, float] | None) -> list[str]:
+    """The summary table (vanilla, this run's plan) and the run's peak next to what vanilla would have needed."""
+    vanilla, ours = rows
+    lines = [f"  {'plan':<36}{'step peak MiB':>15}{'x vanilla':>11}{'FLOPs':>9}{'step time':>11}"]
+    for r in rows:
+        lines.append(f"  {r['plan']:<36}{r['peak_MiB']:>15.1f}{r['peak_ratio']:>10.3f}x{r['flops_ratio']:>8.3f}x"
+                     f"{r['time_ratio']:>10.3f}x")
+    saved = (vanilla["peak_MiB"] - ours["peak_MiB"]) / 1024
+    if peak is not None:  # the run's whole peak (weights, EMA, optimizer, activations) and the step's difference
+        key, gb = peak
+        lines.append(f"this run peaked at {gb:.3f} GB ({key} in results.csv); without checkpointing it would need "
+                     f"about {gb + saved:.3f} GB ({(gb + saved) / gb:.2f}x: the measured step difference added)")
+    lines.append(f"the recompute cost {ours['flops_ratio'] - 1:+.1%} FLOPs and {ours['time_ratio'] - 1:+.1%} step time "
+                 f"for {1 - ours['peak_ratio']:.1%} less step memory")
+    return lines
