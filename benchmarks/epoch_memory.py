@@ -79,9 +79,7 @@ def main() -> None:
         if stages == "ultralytics":
             ultralytics.YOLO(a.model).train(name=name, **args)
         elif stages == "third":
-            stages, mode, layers = THIRD
-            YOLO(a.model).train(name=name, checkpoint_stages=stages, checkpoint_mode=mode, checkpoint_layers=layers,
-                                checkpoint_loss=loss, **args)
+            YOLO(a.model).train(name=name, **THIRD.keys(), checkpoint_loss=loss, **args)
         else:
             layers = None if stages == "[]" else a.layers
             YOLO(a.model).train(name=name, checkpoint_stages=stages if stages == "all" else ast.literal_eval(stages),

@@ -37,6 +37,7 @@ from yolo_ckpt.planning.choice import choose_plan, choose_plan_and_batch
 from yolo_ckpt.planning.costs import unit_costs
 from yolo_ckpt.planning.escalation import next_plan
 from yolo_ckpt.planning.search import deepest
+from yolo_ckpt.regions.settings import PlanSettings
 from yolo_ckpt.report.profiler import standard_plans
 
 MODELS = [  # Ultralytics' default model of every task (8.4.190: yolo26), the yolo11 ones yolo-ckpt defaults to
@@ -47,11 +48,10 @@ MODELS = [  # Ultralytics' default model of every task (8.4.190: yolo26), the yo
 OBJECTS = OBJECTS_PER_IMAGE  # as profile measures: its unit costs are the ones every path below plans with
 
 
-def fresh_step(model, plan: dict | None, imgsz: int, batch: int) -> int:
+def fresh_step(model, plan: PlanSettings | None, imgsz: int, batch: int) -> int:
     """The independent reference: model state and a fresh tracker around one loss forward and backward of a copy
     with ``plan`` installed (``None``: vanilla)."""
-    m = model if plan is None else with_plan(model, plan["checkpoint_stages"], plan["checkpoint_mode"],
-                                             plan["checkpoint_layers"] or None)
+    m = model if plan is None else with_plan(model, plan.with_loss(None))
     m.zero_grad(set_to_none=True)
     with LiveTensorTracker() as t:
         data = training_batch(m, imgsz, batch, OBJECTS)
@@ -78,10 +78,9 @@ def check(name: str, imgsz: int, batch: int, candidates: bool = True) -> list[tu
     choice = choose_plan(model, imgsz, batch, target, OBJECTS, costs=costs)
     got = fresh_step(model, choice.candidate.settings, imgsz, batch)
     out.append(("auto (fixed batch)", bool(choice.plan.regions) and got <= target,
-                f"{choice.plan.describe(choice.candidate.settings['checkpoint_mode'])}: {got / 2**20:.1f} MiB of "
+                f"{choice.plan.describe(choice.candidate.settings.mode)}: {got / 2**20:.1f} MiB of "
                 f"{target / 2**20:.1f}"))
-    plan, _ = next_plan(model, {"checkpoint_stages": [], "checkpoint_layers": None, "checkpoint_mode": "full"},
-                        imgsz, batch, OBJECTS, None, costs)
+    plan, _ = next_plan(model, PlanSettings(), imgsz, batch, OBJECTS, None, costs)
     got = fresh_step(model, plan, imgsz, batch)
     out.append(("escalation from vanilla", got < vanilla, f"{got / 2**20:.1f} of {vanilla / 2**20:.1f} MiB"))
 

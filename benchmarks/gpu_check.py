@@ -91,6 +91,7 @@ from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, wit
 from yolo_ckpt.memory.tracker import LiveTensorTracker, cuda_peaks  # noqa: E402
 from yolo_ckpt.planning import costs  # noqa: E402
 from yolo_ckpt.planning.autobatch import plan_batch  # noqa: E402
+from yolo_ckpt.regions.settings import PlanSettings  # noqa: E402
 
 from memory_table import table  # noqa: E402
 
@@ -252,12 +253,12 @@ def gb(nbytes: int | float | None) -> str:
     return "n/a" if nbytes is None else f"{nbytes / GB:.3f}"
 
 
-def plan_of(args: dict) -> tuple[Any, str, Any]:
-    """``(checkpoint_stages, checkpoint_mode, checkpoint_layers)`` a run trained with, from its args.yaml."""
-    return args.get("checkpoint_stages"), args.get("checkpoint_mode") or "full", args.get("checkpoint_layers") or None
+def plan_of(args: dict) -> PlanSettings:
+    """The layer plan a run trained with, from its args.yaml."""
+    return PlanSettings.from_keys(args).with_loss(None)
 
 
-def step_against_allocator(device: str, plan: tuple, imgsz: int, batch: int, amp: torch.dtype | None) -> str:
+def step_against_allocator(device: str, plan: PlanSettings, imgsz: int, batch: int, amp: torch.dtype | None) -> str:
     """One training step of ``plan`` at ``batch`` and ``imgsz`` under autocast of ``amp``, channels_last as the
     trainer on CUDA: the exact tensor peak (weights and batch included) next to the allocator's peaks. A first step
     warms up (cuDNN handles and workspaces, the loss)."""
@@ -265,7 +266,7 @@ def step_against_allocator(device: str, plan: tuple, imgsz: int, batch: int, amp
         return "n/a (no allocator on CPU)"
     dev = torch.device("cuda", 0)
     built = build_model("yolo11n.yaml").to(dev).to(memory_format=torch.channels_last)
-    model = with_plan(built, *plan)
+    model = with_plan(built, plan)
     del built
     data = training_batch(model, imgsz, batch)
     try:
@@ -447,7 +448,7 @@ def memory_table(quick: bool, device: str) -> str:
 def autobatch(quick: bool, device: str) -> str:
     imgsz = 128 if quick else 1280
     model = build_model("yolo11n.yaml").to(device)
-    plans = {"all": with_plan(model, "all"), "none": with_plan(model, [])}
+    plans = {"all": with_plan(model, PlanSettings.of("all")), "none": with_plan(model, PlanSettings.of([]))}
     lines = ["| stages | method | batch | note |", "|---|---|---|---|"]
     if device == "cuda":
         from ultralytics.utils.autobatch import check_train_batch_size
@@ -472,7 +473,7 @@ def compiled_step(quick: bool, device: str, backend: str) -> str:
     imgsz, repeats = (64, 2) if quick else (640, 5)
     model = build_model("yolo11n.yaml").to(device)
     batch = training_batch(model, imgsz, 4)
-    ckpt = with_plan(model, [2, 3])
+    ckpt = with_plan(model, PlanSettings.of([2, 3]))
     rows = ["| step | graphs | graph breaks | CUDA peak MiB | median step s |", "|---|---|---|---|---|"]
 
     def run(m, fn, name, graphs="", breaks=""):

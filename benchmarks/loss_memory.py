@@ -21,9 +21,10 @@ import argparse
 
 import torch
 
-from yolo_ckpt.loss.install import LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.regions.loss.install import LOSS_TASKS, enable_loss_checkpointing
+from yolo_ckpt.regions.settings import PlanSettings
 
 
 def loss_alone(model, data) -> int:
@@ -78,7 +79,7 @@ def main() -> None:
         for imgsz in a.imgsz:
             data = training_batch(model, imgsz, a.batch)
             vanilla = measure_peak(model, data).peak
-            checkpointed = with_plan(model, "all", "full", "head")
+            checkpointed = with_plan(model, PlanSettings.of("all", "full", "head"))
             whole = measure_peak(checkpointed, data).peak
             network = network_alone(checkpointed, data)
             alone = loss_alone(model, data)

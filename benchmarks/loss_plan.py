@@ -4,7 +4,7 @@ One training step (``model.loss`` forward and backward) at 1024 px, batch 2, wit
 image, measured with exact live tensor bytes (``measure_peak``) and timed in interleaved rounds in the same run
 (``time_steps``): vanilla, and the whole network checkpointed with each ``checkpoint_loss`` the model's task allows.
 Ratios are to vanilla's peak and step time; ``n/a`` where the loss has no such plan
-(``yolo_ckpt.loss.install.LOSS_TASKS``).
+(``yolo_ckpt.regions.loss.install.LOSS_TASKS``).
 
 Two network plans, a row each:
 
@@ -30,27 +30,26 @@ import ast
 
 import torch
 
-from yolo_ckpt.loss.install import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.memory.step import build_model, measure_peak, time_steps, training_batch, with_plan
 from yolo_ckpt.planning import costs, search, units
+from yolo_ckpt.regions.loss.install import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
+from yolo_ckpt.regions.settings import PlanSettings
 
 
 def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: int, batch: int,
                   extra: tuple | None = None, planned_with: str = "none") -> list[tuple[str, tuple]]:
     """``(name, (stages, mode, layers))`` of each network plan the table has a row for; the least-keeping plan's units
     measured with the loss plan ``planned_with``, as a run with that ``checkpoint_loss`` measures them."""
-    plans = [("all + head", ("all", "full", "head"))]
+    plans = [("all + head", PlanSettings.of("all", "full", "head"))]
     if extra is not None:
-        plans.append((f"stages {extra[0]} + layers {extra[1]}", (extra[0], "full", extra[1])))
+        plans.append((f"stages {extra[0]} + layers {extra[1]}", PlanSettings.of(extra[0], "full", extra[1])))
     if least_keeping:
         costs.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
         enable_loss_checkpointing(model, planned_with)  # every planning copy carries the model's loss plan
         c = search.least_keeping(costs.unit_costs(model, least_keeping, objects), batch)
         enable_loss_checkpointing(model, "none")
-        s = c.settings
         told = "" if planned_with == "none" else f" (planned with loss {planned_with})"
-        plans.append((f"least-keeping{told}: {units.describe(c)}",
-                      (s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])))
+        plans.append((f"least-keeping{told}: {units.describe(c)}", c.settings.with_loss(None)))
     return plans
 
 
@@ -82,7 +81,7 @@ def main() -> None:
         for _, spec in rows:
             for how in LOSS_MODES:
                 if how == "none" or model.args.task in LOSS_TASKS[how]:
-                    m = with_plan(model, *spec)
+                    m = with_plan(model, spec)
                     enable_loss_checkpointing(m, how)
                     plans.append(m)
                 else:

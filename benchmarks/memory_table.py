@@ -26,12 +26,14 @@ from yolo_ckpt.memory.step import build_model, measure_peak, step_bytes, trainin
 from yolo_ckpt.planning.choice import choose_plan
 from yolo_ckpt.planning.costs import unit_costs
 from yolo_ckpt.planning.units import describe
-from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.regions.settings import PlanSettings
 from yolo_ckpt.report.profiler import compare_plans
 
-PLANS = {"none": [], "[2,3]": [2, 3], "all": "all", "[2,3] selective": ([2, 3], "selective"),
-         "all selective": ("all", "selective"), "all + head": ("all", "full", "head"),
-         "all + head selective": ("all", "selective", "head"), "parts nested (whole_network.THIRD)": THIRD}
+PLANS = {"none": PlanSettings(), "[2,3]": PlanSettings.of([2, 3]), "all": PlanSettings.of("all"),
+         "[2,3] selective": PlanSettings.of([2, 3], "selective"), "all selective": PlanSettings.of("all", "selective"),
+         "all + head": PlanSettings.of("all", "full", "head"),
+         "all + head selective": PlanSettings.of("all", "selective", "head"),
+         "parts nested (whole_network.THIRD)": THIRD}
 SHARES = [0.5, 0.6, 0.7, 0.8, 0.9]  # auto rows: budgets as shares of the vanilla step's peak
 AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -52,17 +54,14 @@ def auto_plans(model, imgsz: int, batch: int, amp, shares: list[float]) -> dict:
         except ValueError:
             plans[share] = (f"auto {share:.0%}: nothing fits", None)
             continue
-        s = c.settings
-        plans[share] = (f"auto {share:.0%}: {describe(c)}", (s["checkpoint_stages"], s["checkpoint_mode"],
-                                                            s["checkpoint_layers"]))
+        plans[share] = (f"auto {share:.0%}: {describe(c)}", c.settings.with_loss(None))
     return dict(plans[share] for share in shares)
 
 
-def _key(model, spec) -> tuple:
-    """What a plan recomputes: its regions and mode, whichever way ``spec`` names them."""
-    spec = spec if isinstance(spec, tuple) else (spec, "full")
-    plan = CheckpointPlan.from_spec(model, spec[0], *spec[2:])
-    return tuple(plan.regions), spec[1] if plan.regions else "full"
+def _key(model, settings: PlanSettings) -> tuple:
+    """What a plan recomputes: its regions and mode, whichever way its settings name them."""
+    plan = settings.resolve(model)
+    return tuple(plan.regions), settings.mode if plan.regions else "full"
 
 
 def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3,

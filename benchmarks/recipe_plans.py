@@ -40,6 +40,7 @@ from yolo_ckpt.planning.choice import choose_plan
 from yolo_ckpt.planning.costs import unit_costs
 from yolo_ckpt.planning.search import candidates
 from yolo_ckpt.planning.units import NothingFits, describe
+from yolo_ckpt.regions.settings import PlanSettings
 
 MODELS = {"semantic": SemanticSegmentationModel, "depth": DepthModel}
 
@@ -93,10 +94,8 @@ def confirmed(model, imgsz: int, batch: int, target: int) -> str:
     if c is None:
         return "nothing predicted to fit"
     parts = []
-    for name, spec in (("vanilla", ((), "full", None)), (describe(c), (c.settings["checkpoint_stages"],
-                                                                       c.settings["checkpoint_mode"],
-                                                                       c.settings["checkpoint_layers"] or None))):
-        with planned_copy(model, *spec) as m:
+    for name, spec in (("vanilla", PlanSettings()), (describe(c), c.settings.with_loss(None))):
+        with planned_copy(model, spec) as m:
             ((b1, m1), (b2, m2)), at = extended_step(m, imgsz, batch)
         parts.append(f"{name}: measured {m1 / 2**30:.2f} GB at batch {b1}, {m2 / 2**30:.2f} GB at batch {b2} -> "
                      f"{at / 2**30:.2f} GB at batch {batch} ({'fits' if at <= target else 'does not fit'} "

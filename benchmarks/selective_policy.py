@@ -49,6 +49,7 @@ from yolo_ckpt.memory.step import build_model, measure_peak, step_flops, time_st
 from yolo_ckpt.regions import recompute
 from yolo_ckpt.regions.install import disable_checkpointing
 from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.regions.settings import PlanSettings
 
 _aten = torch.ops.aten
 BY_NAME_KEPT = frozenset({  # the by-name rule's kept ops (yolo-ckpt up to the cost rule)
@@ -108,7 +109,8 @@ def rows(model: nn.Module, imgsz: int, batch: int, repeats: int) -> list[dict]:
     """One row per rule (vanilla first): peak, bytes after forward, FLOPs, CPU and wall step time."""
     data = training_batch(model, imgsz, batch)
     ruled_models = {"vanilla": Ruled(model, None)}
-    ruled_models.update({name: Ruled(with_plan(model, "all", "selective"), rule) for name, rule in RULES.items()})
+    ruled_models.update({name: Ruled(with_plan(model, PlanSettings.of("all", "selective")), rule)
+                         for name, rule in RULES.items()})
     try:
         out = [{"rule": name, "mem": measure_peak(m, data), "flops": step_flops(m, data)}
                for name, m in ruled_models.items()]

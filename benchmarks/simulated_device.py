@@ -35,6 +35,7 @@ from yolo_ckpt.data.synthetic import synthetic_dataset
 from yolo_ckpt.memory.device import SimulatedDevice, UntoldDevice, simulated_device
 from yolo_ckpt.memory.step import build_model, planned_copy, step_bytes
 from yolo_ckpt.planning.autobatch import parse_memory, plan_batch
+from yolo_ckpt.regions.settings import PlanSettings
 from yolo_ckpt.regions.spec import CheckpointConfigError
 
 RUN = dict(epochs=1, workers=0, device="cpu", plots=False, val=False, deterministic=True, seed=0)
@@ -98,7 +99,7 @@ def untold(project: str) -> None:
           f"{r['val_batch'] or 'Ultralytics own'}, epoch peak {r['epoch_GB']:.3f} GB, run peak with the final "
           f"validation {r['run_GB']:.3f} GB")
     model = build_model("yolo11n.yaml")
-    with planned_copy(model, "all") as m:
+    with planned_copy(model, PlanSettings.of("all")) as m:
         with SimulatedDevice(parse_memory("1.5GB")) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])
             told = plan_batch(m, 640, parse_memory("4GB"), 0.6)
@@ -121,7 +122,7 @@ def auto(project: str) -> None:
 
 def budget(project: str) -> None:
     model = build_model("yolo11n.yaml")
-    with planned_copy(model, "all") as m:
+    with planned_copy(model, PlanSettings.of("all")) as m:
         unlimited = plan_batch(m, 640, parse_memory("4GB"), 0.6)
         with SimulatedDevice(parse_memory("1.5GB")) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])

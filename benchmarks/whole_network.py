@@ -16,9 +16,9 @@ import argparse
 from yolo_ckpt.memory.step import build_model, step_flops, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.regions.graph import model_stages
-from yolo_ckpt.regions.plan import CheckpointPlan
+from yolo_ckpt.regions.settings import PlanSettings
 
-THIRD = ([1, 2, 3, 4], "full", ["2.*", "4.*", "7-10:selective", "16", "19", "23", "23.*"])
+THIRD = PlanSettings.of([1, 2, 3, 4], "full", ["2.*", "4.*", "7-10:selective", "16", "19", "23", "23.*"])
 """A third of vanilla's peak for yolo11n-style models (P5 detect: layers 2/4 are the stride-4/8 C3k2, 7-10 the P5
 stage, 16/19 the neck's C3k2 at P3/P4, 23 Detect): stages 1-4 full with each part of layers 2 and 4 nested (their
 recompute never holds a whole C3k2), the small P5 stage selective, the neck's P3/P4 C3k2 and Detect as regions with
@@ -97,19 +97,19 @@ def main() -> None:
     data = training_batch(model, a.imgsz, a.batch)
     inputs = sum(t.untyped_storage().nbytes() for t in data.values())
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
-    plain = step(with_plan(model, []), data)
+    plain = step(with_plan(model, PlanSettings.of([])), data)
     print(f"{a.model} imgsz={a.imgsz} batch={a.batch}: vanilla peak {mib(plain['peak'])}, the batch itself "
           f"{mib(inputs)}, parameter gradients {mib(plain['parameter gradients'])}")
-    head = [r[0] for r in CheckpointPlan.from_spec(model, [], "head").layer_regions]
+    head = [r[0] for r in PlanSettings.of(layers="head").resolve(model).layer_regions]
     backbone = max(i for layers in model_stages(model).values() for i in layers) + 1
     per_layer = [*range(backbone), *head]  # every backbone layer and every storing head layer, each its own region
-    plans = {"whole network (all + head)": ("all", "full", "head"), "one region per layer": ([], "full", per_layer),
-             "parts nested (THIRD)": THIRD}
-    for name, (stages, mode, layers) in plans.items():
-        r = step(with_plan(model, stages, mode, layers), data)
+    plans = {"whole network (all + head)": PlanSettings.of("all", "full", "head"),
+             "one region per layer": PlanSettings.of([], "full", per_layer), "parts nested (THIRD)": THIRD}
+    for name, settings in plans.items():
+        r = step(with_plan(model, settings), data)
         ratio, flops = r["peak"] / plain["peak"], r["flops"] / plain["flops"]
         phase, layer, op = r["at"]
-        print(f"\n{name}: checkpoint_stages={stages} checkpoint_mode={mode} checkpoint_layers={layers}")
+        print(f"\n{name}: {settings}")
         print(f"  peak {mib(r['peak'])} ({ratio:.3f}x vanilla) at {flops:.3f}x the FLOPs; kept after forward "
               f"{mib(r['kept after forward'])} (vanilla {mib(plain['kept after forward'])}); peaks in {phase}, "
               f"layer {layer} ({op})")

@@ -18,6 +18,7 @@ from ultralytics.utils.patches import torch_load
 from yolo_ckpt.integration.settings import saved_settings
 from yolo_ckpt.memory.step import with_plan
 from yolo_ckpt.regions.families import ultralytics_class
+from yolo_ckpt.regions.settings import PlanSettings
 
 from support import (
     RTDETR_TINY,
@@ -65,10 +66,10 @@ def test_auto_with_autobatch_trains_like_vanilla(name, detect_data, tmp_path):
     data = detect_data if write is None else write(tmp_path / "data", size=imgsz, images={"train": 4, "val": 2})
     model, objects = ultralytics_model(name, data, imgsz, fraction, tmp_path / "probe")
 
-    def held(plan: tuple, b: int) -> int:  # the plan's step at b, and the training loop's other batches beside it
-        return measured_step(with_plan(model, *plan), imgsz, b, objects) + loop_batches(model, imgsz, b, objects)
+    def held(plan: PlanSettings, b: int) -> int:  # the plan's step at b, and the training loop's other batches
+        return measured_step(with_plan(model, plan), imgsz, b, objects) + loop_batches(model, imgsz, b, objects)
 
-    vanilla_1, whole_1 = (held(plan, 1) for plan in (([],), ("all", "full", "head")))
+    vanilla_1, whole_1 = (held(plan, 1) for plan in (PlanSettings(), PlanSettings.of("all", "full", "head")))
     assert whole_1 < vanilla_1
     share = (vanilla_1 + whole_1) // 2  # vanilla does not fit even one image; the whole network does
     budget = f"{int(share / 0.6) + 1}B"  # batch=-1: 60% of memory_budget
@@ -84,8 +85,8 @@ def test_auto_with_autobatch_trains_like_vanilla(name, detect_data, tmp_path):
     assert {k: saved_settings(last)[k] for k in PLAN_KEYS} == plan  # resume continues with the chosen plan
 
     # the chosen plan's step at that batch with the loop's batches fits the share, measured again here; vanilla's not
-    assert held((plan["checkpoint_stages"], plan["checkpoint_mode"], plan["checkpoint_layers"] or None), batch) <= share
-    assert held(([],), batch) > share
+    assert held(PlanSettings.from_keys(plan).with_loss(None), batch) <= share
+    assert held(PlanSettings(), batch) > share
     # the real epoch, every tensor of the training process tracked, stayed inside the share too
     assert 0 < float(results(ckpt)[0]["mem/peak_tensor_GB"]) * 2**30 <= share
 

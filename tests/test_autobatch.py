@@ -13,6 +13,7 @@ from yolo_ckpt import YOLO, CheckpointConfigError, DetectionTrainer, checkpoint_
 from yolo_ckpt.memory.step import build_model, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.autobatch import parse_memory, plan_batch
+from yolo_ckpt.regions.settings import PlanSettings
 
 from support import TRAIN_ARGS, loop_batches, measured_step, results
 
@@ -31,8 +32,8 @@ def test_parse_memory_rejects(bad):
 
 def test_budget_gives_checkpointed_yolo11n_at_least_1_6x_the_batch():
     model, budget, fraction, imgsz = build_model("yolo11n.yaml"), parse_memory("0.75GB"), 0.6, 320
-    vanilla = plan_batch(with_plan(model, []), imgsz, budget, fraction)
-    ckpt_model = with_plan(model, "all")
+    vanilla = plan_batch(with_plan(model, PlanSettings.of([])), imgsz, budget, fraction)
+    ckpt_model = with_plan(model, PlanSettings.of("all"))
     ckpt = plan_batch(ckpt_model, imgsz, budget, fraction)
     assert ckpt.batch >= 1.6 * vanilla.batch, (ckpt, vanilla)
     def held(b: int) -> int:  # the step at b and the training loop's other batches beside it
@@ -82,7 +83,7 @@ def test_budget_planning_measures_the_loss_plan(tmp_path, monkeypatch):
     mask loss a region), the log names it, and the real epoch at the chosen batch stays within the share."""
     from yolo_ckpt import SegmentationTrainer
     from yolo_ckpt.data.synthetic import synthetic_dataset
-    from yolo_ckpt.loss import segmentation
+    from yolo_ckpt.regions.loss import segmentation
 
     calls = []
     real = segmentation._image_mask_loss
@@ -180,7 +181,7 @@ def test_budget_planning_counts_the_semantic_and_depth_losses(name):
 
     (The largest fitting batch is not promised: at small images parameter gradients dominate a batch-1 step, and the
     bound planning extrapolates from it is conservative.)"""
-    model, imgsz, fraction = with_plan(build_model(name), "all", "full", "head"), 96, 0.6
+    model, imgsz, fraction = with_plan(build_model(name), PlanSettings.of("all", "full", "head")), 96, 0.6
     steps = {b: measured_step(model, imgsz, b) for b in (1, 2, 3)}
     held = {b: steps[b] + loop_batches(model, imgsz, b) for b in steps}
     budget = int((steps[3] + held[3]) / 2 / fraction)  # batch 3's step fits, not with the loop's batches

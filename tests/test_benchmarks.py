@@ -9,6 +9,7 @@ from ultralytics.utils import YAML
 
 from yolo_ckpt.memory.step import with_plan
 from yolo_ckpt.regions.graph import model_stages
+from yolo_ckpt.regions.settings import PlanSettings
 
 from support import measured_step
 
@@ -49,8 +50,7 @@ def test_recipe_step_extended_from_small_batches_is_the_measured_step():
     import recipe_plans
 
     cfg = YAML.load(ROOT / "cfg" / "medical_semantic_2048.yaml")
-    model = with_plan(recipe_plans.recipe_model(cfg), cfg["checkpoint_stages"], cfg["checkpoint_mode"],
-                      cfg["checkpoint_layers"])
+    model = with_plan(recipe_plans.recipe_model(cfg), PlanSettings.from_keys(cfg).with_loss(None))
     points, extended = recipe_plans.extended_step(model, 512, cfg["batch"])
     assert [b for b, _ in points] == [1, 2] and cfg["batch"] == 8
     measured = measured_step(model, 512, 8)
@@ -169,14 +169,14 @@ def test_the_network_alone_is_the_least_a_loss_plan_can_reach(monkeypatch):
     loss sets the peak (yolo26n-sem's 19 full-resolution classes) and equal to it, up to a few scalars, where the
     network does (yolo11n's recompute), both measured by a fresh tracker around the step; ``chunked``'s step lies
     between the two, up to a few scalars."""
-    from yolo_ckpt.loss.install import enable_loss_checkpointing
     from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan
+    from yolo_ckpt.regions.loss.install import enable_loss_checkpointing
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from loss_memory import network_alone
 
     for name, below in (("yolo26n-sem.yaml", True), ("yolo11n.yaml", False)):
-        model = with_plan(build_model(name), "all", "full", "head")
+        model = with_plan(build_model(name), PlanSettings.of("all", "full", "head"))
         data = training_batch(model, 192, 2)
         step, network = measure_peak(model, data).peak, network_alone(model, data)
         # equal up to 64 B: the loss's scalars, alive in the real step's backward, and the surrogate's in ours

@@ -32,6 +32,7 @@ from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.autobatch import plan_batch
 from yolo_ckpt.planning.choice import choose_plan
 from yolo_ckpt.planning.costs import unit_costs
+from yolo_ckpt.regions.settings import PlanSettings
 from yolo_ckpt.regions.spec import CheckpointConfigError
 
 from support import MINI, SMALL, TRAIN_ARGS, auto_budget, loop_batches, measured_step, results
@@ -108,7 +109,7 @@ def test_batch_planning_never_passes_the_share_and_plans_past_a_small_device():
     """A budget three times the device: probes fit the device, the batch is extrapolated from them, within 10% of
     what an unlimited device plans; on a device as large as the budget, planning never passes the share."""
     model = small_model()
-    with planned_copy(model, "all") as m:
+    with planned_copy(model, PlanSettings.of("all")) as m:
         budget = 30 * step_bytes(m, IMGSZ, 1)
         unlimited = plan_batch(m, IMGSZ, budget, 0.6)
         with LiveTensorTracker() as outside, SimulatedDevice(budget) as gpu:
@@ -136,7 +137,7 @@ def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
     assert all(t.candidate.units for t in choice.tried)  # vanilla was never measured
     assert choice.candidate.units and choice.measured_bytes <= share
     assert outside.peak <= share  # probes that did not fit stopped before the share
-    with planned_copy(model, *choice.candidate.spec) as m:  # as its settings install it
+    with planned_copy(model, choice.candidate.installs) as m:  # as its settings install it
         assert step_bytes(m, IMGSZ, batch) == choice.measured_bytes  # the measurement is a plain, unguarded step
 
 
@@ -155,7 +156,7 @@ def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch, timed_
 
     time_steps = planner.time_steps
     monkeypatch.setattr(planner, "time_steps", counted)
-    with planned_copy(model, ()) as m:
+    with planned_copy(model, PlanSettings.of(())) as m:
         one = step_bytes(m, IMGSZ, 1)  # vanilla's batch-1 step, as planning counts it
     state = [*model.parameters(), *model.buffers()]
     with LiveTensorTracker() as outside, SimulatedDevice(3 * one) as gpu:
@@ -165,7 +166,7 @@ def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch, timed_
     assert costs.plain.seconds > 0 and all(p.seconds > 0 for p in costs.unit.values())
     timed.clear()
     big = 2 * IMGSZ  # at 128 px the step is no larger than the stride dry run (no grad, 256 px): a size above it
-    with planned_copy(model, ()) as m:
+    with planned_copy(model, PlanSettings.of(())) as m:
         one = step_bytes(m, big, 1)
     small = 2 * weight_bytes(model) + (one - state_bytes(model)) // 3  # the model and a copy, not the step
     with LiveTensorTracker() as outside, SimulatedDevice(small) as gpu:
@@ -186,16 +187,15 @@ def test_escalation_from_a_per_unit_plan_moves_to_a_plan_measured_to_keep_less()
     model, imgsz, batch = small_model(), IMGSZ, 2
     costs = unit_costs(model, imgsz)
     per_unit = [c for c in candidates(costs, batch, 0)
-                if any(isinstance(x, str) for x in c.settings["checkpoint_layers"])]
+                if any(isinstance(x, str) for x in c.settings.layers or ())]
     failed = max(per_unit, key=lambda c: c.predicted_bytes)  # one that keeps much: plans that keep less exist
     real = escalation.escalations
 
     def failed_first(*args, **kwargs):
         return [failed, *(c for c in real(*args, **kwargs) if c.settings != failed.settings)]
 
-    def held(settings: dict) -> int:  # a fresh tracker's step of the plan at the batch
-        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
-                          settings["checkpoint_layers"] or None) as m:
+    def held(settings: PlanSettings) -> int:  # a fresh tracker's step of the plan at the batch
+        with planned_copy(model, settings.with_loss(None)) as m:
             return measured_step(m, imgsz, batch)
 
     with mock.patch.object(escalation, "escalations", failed_first):
@@ -211,15 +211,14 @@ def test_escalation_leaves_room_for_the_loops_other_batches():
     from yolo_ckpt.planning.escalation import next_plan
 
     model, imgsz, batch = small_model(), 2 * IMGSZ, 4
-    failed = {"checkpoint_stages": [2], "checkpoint_layers": [], "checkpoint_mode": "full"}
+    failed = PlanSettings.of([2])
     costs = unit_costs(model, imgsz)
     untimed = dict(seconds=0.0)  # plans ranked by FLOPs: the order must not hang on how busy this machine is
     costs = dataclasses.replace(costs, plain=dataclasses.replace(costs.plain, **untimed),
                                 unit={k: dataclasses.replace(v, **untimed) for k, v in costs.unit.items()})
 
-    def held(settings: dict) -> tuple[int, int]:  # a plan's step at the batch, and the loop's batches beside it
-        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
-                          settings["checkpoint_layers"] or None) as m:
+    def held(settings: PlanSettings) -> tuple[int, int]:  # a plan's step at the batch, and the loop's batches beside it
+        with planned_copy(model, settings.with_loss(None)) as m:
             return measured_step(m, imgsz, batch), loop_batches(m, imgsz, batch)
 
     first, _ = next_plan(model, failed, imgsz, batch, costs=costs)  # no device: the first plan it tries fits
@@ -307,7 +306,8 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
     if stages != "auto":
         objects = objects_of(r.trainer)
-        with planned_copy(unwrap_model(r.trainer.model), stages) as m:  # the run's classes and frozen layers
+        run_model = unwrap_model(r.trainer.model)
+        with planned_copy(run_model, PlanSettings.of(stages)) as m:  # the run's classes and frozen layers
             held = [measured_step(m, RUN["imgsz"], n, objects) + loop_batches(m, RUN["imgsz"], n, objects)
                     for n in (b, b + 1)]
             assert held[0] <= share < held[1]
@@ -325,7 +325,7 @@ def test_autobatch_leaves_room_for_the_loops_other_batches(detect_data, tmp_path
     objects = 4 * max(len(f.read_text().splitlines()) for f in labels)  # mosaic, as the trainer counts
     model = DetectionModel("yolo11n.yaml", nc=len(data["names"]), verbose=False).train()
     model.args = get_cfg()
-    with planned_copy(model, plan["checkpoint_stages"], "full", plan["checkpoint_layers"]) as m:
+    with planned_copy(model, PlanSettings.of(plan["checkpoint_stages"], "full", plan["checkpoint_layers"])) as m:
         step, loop = measured_step(m, imgsz, b, objects), loop_batches(m, imgsz, b, objects)
     device = int((step + loop // 2) / 0.6)
     r = sim_run(detect_data, tmp_path, "loop", batch=-1, simulate_gpu=f"{device}B", **plan)
@@ -344,7 +344,8 @@ def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(
     device = int(budget / 2.5)
     r = sim_run(detect_data, tmp_path, "big", checkpoint_stages=[2, 3], batch=-1, memory_budget=f"{budget}B",
                 simulate_gpu=f"{device}B")
-    with planned_copy(unwrap_model(r.trainer.model), [2, 3]) as m:  # plain after training, the run's classes
+    run_model = unwrap_model(r.trainer.model)  # plain after training, the run's classes
+    with planned_copy(run_model, PlanSettings.of([2, 3])) as m:
         unlimited = plan_batch(m, RUN["imgsz"], budget, 0.6, objects=objects_of(r.trainer))
     assert unlimited.batch < 16 and abs(r.batch - unlimited.batch) <= 0.1 * unlimited.batch, (r.batch, unlimited)
     assert r.planning <= device

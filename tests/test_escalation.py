@@ -18,6 +18,7 @@ from yolo_ckpt import YOLO
 from yolo_ckpt.integration.run_memory import objects as objects_of
 from yolo_ckpt.memory.step import build_model, planned_copy
 from yolo_ckpt.planning.search import deepest
+from yolo_ckpt.regions.settings import PlanSettings
 
 from support import (
     TRAIN_ARGS,
@@ -83,7 +84,7 @@ def test_a_plan_that_keeps_the_least_hands_over_to_ultralytics_halving(detect_da
     the batch, as vanilla does."""
     from support import CkptOOMOnce
 
-    least = deepest(build_model("yolo11n.yaml"))
+    least = deepest(build_model("yolo11n.yaml")).keys()
     model = ultralytics.YOLO("yolo11n.yaml")
     with escalations_logged() as plans:
         model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), **least,
@@ -109,8 +110,7 @@ def test_the_whole_network_in_full_still_escalates_to_nested_parts(detect_data, 
     trained, objects = unwrap_model(model.trainer.model), objects_of(model.trainer)
 
     def step(plan: dict) -> int:
-        with planned_copy(trained, plan["checkpoint_stages"], plan["checkpoint_mode"],
-                          plan["checkpoint_layers"] or None) as m:
+        with planned_copy(trained, PlanSettings.from_keys(plan).with_loss(None)) as m:
             return measured_step(m, ARGS["imgsz"], ARGS["batch"], objects)
 
     assert step(chosen) < step(whole), chosen
@@ -195,8 +195,7 @@ def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_pa
     trained, objects = unwrap_model(model.trainer.model), objects_of(model.trainer)  # the run's classes, plain again
 
     def step(plan: dict) -> int:
-        with planned_copy(trained, plan["checkpoint_stages"], plan["checkpoint_mode"],
-                          plan["checkpoint_layers"] or None) as m:
+        with planned_copy(trained, PlanSettings.from_keys(plan).with_loss(None)) as m:
             return measured_step(m, 160, ARGS["batch"], objects)
 
     assert step(chosen) < step(parts), chosen
@@ -214,7 +213,7 @@ def test_the_least_keeping_plan_escalates_the_loss_before_the_batch_halves(tmp_p
     from support import CkptSegOOMOnce, CkptSegOOMTwice
 
     data = small_data("segment")
-    least = deepest(build_model("yolo11n-seg.yaml"))
+    least = deepest(build_model("yolo11n-seg.yaml")).keys()
     runs = {}
     for name, trainer, ours in (("once", CkptSegOOMOnce, {}), ("twice", CkptSegOOMTwice, {}),
                                 ("fresh", None, {"checkpoint_loss": "exact"})):

@@ -36,7 +36,7 @@ def test_the_planning_batch_carries_every_key_the_loss_reads(name):
     planned, fresh = step_bytes(model, IMGSZ, BATCH, OBJECTS), measured_step(model, IMGSZ, BATCH, OBJECTS)
     assert abs(planned - fresh) <= 0.02 * fresh, (planned, fresh)
     least = deepest(model)  # escalation's last plan, every unit recomputed
-    m = with_plan(model, least["checkpoint_stages"], least["checkpoint_mode"], least["checkpoint_layers"] or None)
+    m = with_plan(model, least.with_loss(None))
     assert measured_step(m, IMGSZ, BATCH, OBJECTS) < fresh
     # the validator's forward and loss in eval mode (its batch, twice the training batch, counted: more than one image)
     assert validation_bytes(model, IMGSZ, 2 * BATCH, OBJECTS) > validation_bytes(model, IMGSZ, 1, OBJECTS)

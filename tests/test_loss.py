@@ -10,10 +10,10 @@ import ultralytics
 from ultralytics.utils.loss import v8SegmentationLoss
 from ultralytics.utils.tal import TaskAlignedAssigner
 
-from yolo_ckpt.loss import assignment, depth, install, segmentation, semantic
-from yolo_ckpt.loss.install import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
 from yolo_ckpt.memory.step import build_model, training_batch
 from yolo_ckpt.memory.tracker import LiveTensorTracker
+from yolo_ckpt.regions.loss import assignment, depth, install, segmentation, semantic
+from yolo_ckpt.regions.loss.install import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
 from yolo_ckpt.regions.spec import CheckpointConfigError
 
 from support import TRAIN_ARGS, assert_plan_recomputed, assert_same, assert_same_run, train_run

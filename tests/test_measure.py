@@ -45,12 +45,14 @@ def test_one_copy_for_many_plans_measures_as_a_fresh_copy_each():
     FLOPs for each plan in turn, a loss plan and Ultralytics' loss after it included (each step builds its loss as a
     fresh copy's first step does)."""
     from yolo_ckpt.memory.step import build_model, copy_for_plans, measure_peak, planned_copy
+    from yolo_ckpt.regions.settings import PlanSettings
 
     model = build_model("yolo11n-seg.yaml")
-    plans = [([],), ([2, 3],), ("all", "full", "head"), ([], "full", None, "exact"), ([2, 3], "selective"), ([],)]
+    plans = [PlanSettings.of(*p) for p in (([],), ([2, 3],), ("all", "full", "head"), ([], "full", None, "exact"),
+                                           ([2, 3], "selective"), ([],))]
     with copy_for_plans(model) as install:
-        shared = [measure_peak(m := install(*p), training_batch(m, 64, 2), flops=True) for p in plans]
+        shared = [measure_peak(m := install(p), training_batch(m, 64, 2), flops=True) for p in plans]
     for p, got in zip(plans, shared):
-        with planned_copy(model, *p) as m:
+        with planned_copy(model, p) as m:
             assert got == measure_peak(m, training_batch(m, 64, 2), flops=True), p
     assert len({s.flops for s in shared[:3]}) == 3  # each recomputes more: a copy that kept its first plan would fail

@@ -23,7 +23,7 @@ from yolo_ckpt.planning.autobatch import plan_batch
 from yolo_ckpt.planning.choice import choose_plan, choose_plan_and_batch
 from yolo_ckpt.planning.costs import unit_costs
 from yolo_ckpt.planning.search import candidates, least_keeping, space_size
-from yolo_ckpt.planning.units import HEAD, NECK, NESTED, PARTS, UNIT_MODES, Candidate, NothingFits, split_mode
+from yolo_ckpt.planning.units import HEAD, NECK, NESTED, PARTS, UNIT_MODES, Candidate, NothingFits, UnitMode
 from yolo_ckpt.regions.install import disable_checkpointing
 from yolo_ckpt.regions.plan import CheckpointPlan
 from yolo_ckpt.regions.spec import CheckpointConfigError
@@ -58,7 +58,7 @@ def measure_every_plan(model, costs, imgsz: int = IMGSZ) -> tuple:
     rows = []
     for c in candidates(costs, BATCH, 0):
         s = c.settings
-        m = with_plan(model, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
+        m = with_plan(model, s.with_loss(None))
         rows.append((c, step_bytes(m, imgsz, BATCH)))
         disable_checkpointing(m)
     return costs, fixed, measure_peak(model, data).peak, rows
@@ -68,7 +68,7 @@ def counted_flops(model, c: Candidate, imgsz: int) -> int:
     """FLOPs of ``c``'s step at ``BATCH``, counted by torch's ``FlopCounterMode`` (a step of its own: its hooks on
     saved tensors would change the bytes a step measured under it keeps)."""
     s = c.settings
-    m = with_plan(model, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
+    m = with_plan(model, s.with_loss(None))
     with FlopCounterMode(display=False) as counter:
         step_loss(m, training_batch(model, imgsz, BATCH)).backward()
     disable_checkpointing(m)
@@ -152,8 +152,8 @@ def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():
     by a fresh tracker); at a target between them ``auto`` chooses a plan with ``checkpoint_loss=exact``, whose step,
     measured again here, is what it measured and fits. Every candidate says its loss plan; the loss plans alone are
     candidates too."""
-    from yolo_ckpt.loss.install import disable_loss_checkpointing
     from yolo_ckpt.memory.step import batch_bytes, build_model, state_bytes
+    from yolo_ckpt.regions.loss.install import disable_loss_checkpointing
 
     from support import measured_step
 
@@ -162,13 +162,13 @@ def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():
     assert set(costs.loss) == {"exact"} and costs.loss["exact"].kept < costs.plain.kept  # it keeps less
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
     every = candidates(costs, batch, fixed)
-    assert all(c.settings["checkpoint_loss"] in ("none", "exact") for c in every)
+    assert all(c.settings.loss in ("none", "exact") for c in every)
     assert any(not c.units and c.loss == "exact" for c in every)  # the loss plan alone
     layer, least = least_keeping(costs, batch, fixed), min(every, key=lambda c: c.predicted_bytes)
     assert layer.loss is None and least.loss == "exact"
 
     def measured(c: Candidate) -> int:
-        m = with_plan(model, *c.spec[:3], loss=c.loss or "none")
+        m = with_plan(model, c.installs.with_loss(c.loss or "none"))
         got = measured_step(m, imgsz, batch, objects)
         disable_checkpointing(m)
         disable_loss_checkpointing(m)
@@ -178,7 +178,7 @@ def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():
     assert least_bytes < layer_bytes
     target = (least_bytes + layer_bytes) // 2
     choice = choose_plan(model, imgsz, batch, target, objects, costs=costs, loss_modes=("exact",))
-    assert choice.candidate.loss == "exact" and choice.candidate.settings["checkpoint_loss"] == "exact"
+    assert choice.candidate.loss == "exact" and choice.candidate.settings.loss == "exact"
     assert choice.measured_bytes == measured(choice.candidate) <= target
     assert any(", loss exact" in row for row in choice.table())  # shown in the log's table
 
@@ -201,8 +201,7 @@ def test_autobatch_auto_gives_the_largest_batch_any_plan_allows(small, exhaustiv
     loop = loop_batches(small, IMGSZ, choice.batch)  # the training loop's other batches count against the share
     assert choice.measured_bytes <= choice.target_bytes == int(0.6 * budget) - loop
     least = min(rows, key=lambda r: r[1])[0].settings  # the plan measured to keep the least at batch 2
-    most = plan_batch(with_plan(small, least["checkpoint_stages"], least["checkpoint_mode"],
-                                least["checkpoint_layers"]), imgsz=IMGSZ, budget=budget, fraction=0.6)
+    most = plan_batch(with_plan(small, least.with_loss(None)), imgsz=IMGSZ, budget=budget, fraction=0.6)
     assert choice.batch >= most.batch > plan_batch(small, imgsz=IMGSZ, budget=budget, fraction=0.6).batch
 
 
@@ -220,7 +219,7 @@ def test_autobatch_auto_never_refuses_the_batch_its_plan_set(small, monkeypatch)
     choice = choose_plan_and_batch(small, IMGSZ, budget, 0.6)
     assert choice.target_bytes == int(0.6 * budget) - loop_batches(small, IMGSZ, choice.batch)
     s = choice.candidate.settings
-    m = with_plan(small, s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"])
+    m = with_plan(small, s.with_loss(None))
     try:
         assert step_bytes(m, IMGSZ, choice.batch) <= choice.target_bytes
     finally:
@@ -322,8 +321,8 @@ def test_every_unit_mode_is_exact_and_recomputes_what_it_names(small, exhaustive
     of its own) inside them or alone, full or selective — written as auto writes it, for a stage and the head: one
     step bit for bit like the plain model's, each region's convolutions recomputed (counted)."""
     costs = exhaustive[0]
-    s = Candidate((3, HEAD), mode, 0, 0, costs.head, layout=costs.layout).settings
-    outer, parts = split_mode(mode)
+    s = Candidate((3, HEAD), mode, 0, 0, costs.head, layout=costs.layout).settings.keys()
+    outer, parts = UnitMode(mode).regions, UnitMode(mode).parts
     layers = [x for x in s["checkpoint_layers"] if isinstance(x, str)]  # one mode: the head layer's range
     assert {x.split(":")[0] for x in layers if ".*" in x} == ({"4.*", *(f"{i}.*" for i in costs.layout[-1].nests)}
                                                               if parts else set())
@@ -339,7 +338,7 @@ def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_
     costs = exhaustive[0]
     modes = ("selective", PARTS, "selective+parts", "full+parts:selective", "parts:selective", NESTED)
     c = Candidate((1, 2, 3, 4, NECK, HEAD), modes, 0, 0, costs.head, layout=costs.layout)
-    s = c.settings
+    s = c.settings.keys()
     assert s["checkpoint_stages"] == [] and s["checkpoint_layers"] == [
         "0:selective", "2.*", "3-4:selective", "4.*", "5-6", "6.*:selective", "9.*:selective", "10", "10.*"]
     cfg = tmp_path / "small.yaml"
@@ -357,7 +356,7 @@ def test_the_stem_and_the_next_stage_are_a_unit_of_one_region(small, exhaustive,
     assert costs.units[:3] == [1, 2, (1, 2)]
     c = Candidate(((1, 2), 3, HEAD), ("full+parts:selective", "selective", PARTS), 0, 0, costs.head,
                   layout=costs.layout)
-    s = c.settings
+    s = c.settings.keys()
     assert s["checkpoint_layers"] == ["0-2", "2.*:selective", "3-4:selective", "10.*"]
     assert c.plan(small).regions[0].layers == CheckpointPlan.from_spec(small, [1, 2]).regions[0].layers == (0, 1, 2)
     plain, unit = costs.plain, costs.unit

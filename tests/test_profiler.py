@@ -11,6 +11,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from yolo_ckpt.memory.step import build_model, training_batch
+from yolo_ckpt.regions.settings import PlanSettings
 from yolo_ckpt.report.profiler import compare_plans, profile_stages, standard_plans
 
 from support import MINI, SMALL, loop_batches
@@ -42,7 +43,7 @@ def test_stage_rows_against_independent_figures(model):
 
 def test_whole_backbone_meets_the_target(model):
     """yolo11n, 640, batch 4: all backbone stages at <= 0.55x the vanilla peak for <= 1.15x the FLOPs."""
-    none, every = compare_plans(model, 640, 4, {"none": [], "all": "all"}, repeats=0)
+    none, every = compare_plans(model, 640, 4, {"none": PlanSettings(), "all": PlanSettings.of("all")}, repeats=0)
     assert every["peak_ratio"] <= 0.55 and every["flops_ratio"] <= 1.15, every
 
 
@@ -133,8 +134,8 @@ def test_flop_count_is_torchs_and_keeps_nothing(mini):
     from yolo_ckpt.memory.step import measure_peak, planned_copy, step_loss
     from yolo_ckpt.memory.tracker import LiveTensorTracker
 
-    for spec in ([], ("all", "full", "head")):
-        with planned_copy(mini, *(spec if isinstance(spec, tuple) else (spec,))) as m:
+    for spec in (PlanSettings(), PlanSettings.of("all", "full", "head")):
+        with planned_copy(mini, spec) as m:
             data = training_batch(m, 128, 2)
             with LiveTensorTracker() as seen, FlopCounterMode(display=False) as torch_count:
                 step_loss(m, data).backward()
@@ -201,7 +202,8 @@ def test_profile_measures_the_loss_plan(tmp_path, monkeypatch):
     data = training_batch(model, 96, 2)
     for name, spec in {"none": ([], "full", None, "none"), "loss exact": ([], "full", None, "exact"),
                        "yours": ([1], "full", None, "exact")}.items():
-        assert rows[name]["peak_MiB"] == round(measure_peak(with_plan(model, *spec), data).peak / 2**20, 1), name
+        plan = PlanSettings.of(*spec)
+        assert rows[name]["peak_MiB"] == round(measure_peak(with_plan(model, plan), data).peak / 2**20, 1), name
     assert rows["loss exact"]["peak_MiB"] < rows["none"]["peak_MiB"]
 
 
@@ -214,8 +216,8 @@ def test_profile_command_on_a_simulated_device(tmp_path, mini):
     cfg.write_text(yaml.safe_dump(MINI, sort_keys=False))
     imgsz, batch = 64, 8  # a device that holds the stage analysis' dry run of each copy (256 px, batch 1)
     need = {}
-    for spec in ([], ("all", "selective", "head")):
-        with planned_copy(mini, *(spec if isinstance(spec, tuple) else (spec,))) as m:
+    for spec in (PlanSettings(), PlanSettings.of("all", "selective", "head")):
+        with planned_copy(mini, spec) as m:
             need[str(spec)] = need_on_device(mini, imgsz, batch, measure_peak(m, training_batch(m, imgsz, batch)).peak)
     limit = sum(need.values()) // 2
     out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", f"model={cfg}", f"imgsz={imgsz}",

@@ -12,6 +12,7 @@ from yolo_ckpt.memory.device import SimulatedDevice, UntoldDevice
 from yolo_ckpt.memory.step import build_model, planned_copy, state_bytes, validation_bytes, weight_bytes
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.autobatch import plan_batch
+from yolo_ckpt.regions.settings import PlanSettings
 
 from support import TRAIN_ARGS
 
@@ -25,7 +26,7 @@ def test_autobatch_on_an_untold_device_narrows_the_batch_to_what_the_told_device
     the last measured, before), and no probe passed the device."""
     model = build_model("yolo11n.yaml")
     budget, device = 2**30, 160 * 2**20
-    with planned_copy(model, "all") as m:
+    with planned_copy(model, PlanSettings.of("all")) as m:
         with SimulatedDevice(device) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])
             told = plan_batch(m, 160, budget, 0.6)

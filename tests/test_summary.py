@@ -43,8 +43,8 @@ def test_compare_under_ddp_measures_the_batch_of_one_rank(monkeypatch, tmp_path)
 def test_compare_counts_the_loss_plan(tmp_path):
     """A run that recomputes only its loss (``checkpoint_loss=exact``) is compared too: vanilla's step is the plain
     model's and ours the model with the loss plan, each against an independent ``measure_peak``."""
-    from yolo_ckpt.loss.install import enable_loss_checkpointing
     from yolo_ckpt.memory.step import build_model
+    from yolo_ckpt.regions.loss.install import enable_loss_checkpointing
 
     model = build_model("yolo11n-seg.yaml")
     plain = deepcopy(model)

@@ -311,6 +311,7 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     from yolo_ckpt.integration import auto as rp
     from yolo_ckpt.memory import step as measure
     from yolo_ckpt.memory.device import DeviceMemory
+    from yolo_ckpt.regions.settings import PlanSettings
 
     from support import MINI
 
@@ -323,8 +324,7 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     monkeypatch.setattr(measure, "step_loss", out_of_memory)
     fake = SimpleNamespace(memory_target=2**20, device=torch.device("cuda", 0))
     model = DetectionModel(copy.deepcopy(MINI), verbose=False).train()
-    line = rp.confirm_on_cuda(fake, model, {"checkpoint_stages": [1], "checkpoint_mode": "full",
-                                            "checkpoint_layers": None}, 2, 64, 10, None)
+    line = rp.confirm_on_cuda(fake, model, PlanSettings.of([1]), 2, 64, 10, None)
     assert "ran out of memory when confirmed" in line
 
 

@@ -18,15 +18,16 @@ from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.utils import LOGGER, RANK, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
-from ..loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
 from ..memory.device import cuda_peak, device_memory, release, unless_oom
 from ..memory.step import batch_bytes, grad_bytes, loop_bytes, planned_copy
 from ..planning.autobatch import plan_batch
 from ..planning.choice import choose_plan, choose_plan_and_batch
 from ..planning.units import NothingFits, describe, loss_suffix
-from ..regions.install import checkpoint_mode, checkpoint_plan, enable_checkpointing
+from ..regions.install import checkpoint_mode, checkpoint_plan
+from ..regions.loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
 from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
+from ..regions.settings import VANILLA, PlanSettings
 from ..regions.spec import CheckpointConfigError
 from ..report.summary import autocast_dtype
 from .run_memory import (
@@ -37,6 +38,7 @@ from .run_memory import (
     planning_imgsz,
     random_state_kept,
     record_settings,
+    settings_of,
     smallest_device,
 )
 from .settings import is_auto
@@ -86,7 +88,7 @@ def auto_batch(trainer: Any) -> int:
     try:
         trainer.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
         batch = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
-        with planned_copy(plain, loss="none") as trainer.model:  # without: no layer plan, Ultralytics' loss
+        with planned_copy(plain, VANILLA) as trainer.model:  # without: no layer plan, Ultralytics' loss
             with random_state_kept(trainer.device):  # Ultralytics' own AutoBatch draws once, as in vanilla
                 trainer.autobatch_without = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
     finally:
@@ -115,7 +117,7 @@ def plan_for_budget(trainer: Any, model: nn.Module, stages: str, max_num_obj: in
     except ValueError as e:
         raise CheckpointConfigError(f"{e} with {stages}; raise memory_budget or lower imgsz") from None
     try:
-        with planned_copy(model, loss="none") as plain:  # without: no layer plan, Ultralytics' loss
+        with planned_copy(model, VANILLA) as plain:  # without: no layer plan, Ultralytics' loss
             without = str(plan_batch(plain, **kw).batch)
     except ValueError:
         without = "none fits"
@@ -181,8 +183,7 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
     trainer.val_batch = decision.get("val_batch")
     validate_at_planned_batch(trainer)
     record_settings(trainer)
-    enable_checkpointing(model, CheckpointPlan.from_spec(model, trainer.args.checkpoint_stages,
-                                                         trainer.args.checkpoint_layers), trainer.args.checkpoint_mode)
+    settings_of(trainer).install(model)
     if "checkpoint_loss" in decision["settings"]:  # auto weighed the loss: its choice replaces the run's, also on
         # the EMA the validator computes its losses with (a fixed batch plans after Ultralytics made it, 8.4.190)
         for m in (model, getattr(getattr(trainer, "ema", None), "ema", None)):
@@ -250,21 +251,20 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     val_batch, line = plan_validation(trainer, model, choice.batch, trainer.memory_target, held,
                                       choice.measured_bytes + held - batch_bytes(model, imgsz, choice.batch, objects))
     lines.append(f"{PREFIX} auto: {line}")
-    return {"settings": s, "batch": choice.batch, "lines": lines, "val_batch": val_batch}
+    return {"settings": s.keys(), "batch": choice.batch, "lines": lines, "val_batch": val_batch}
 
 
 def _choice_lines(choice: Any, capped: str, seconds: float) -> list[str]:
     """``auto``'s choice as log lines: its trade-off table, and what planning measured in how long."""
     how = "extrapolated from batches the device holds" if choice.extrapolated else "measured"
-    lines = [f"{PREFIX} {line}" for line in auto_report(choice, choice.candidate.settings["checkpoint_mode"], how,
-                                                         capped)]
+    lines = [f"{PREFIX} {line}" for line in auto_report(choice, choice.candidate.settings.mode, how, capped)]
     lines.append(f"{PREFIX} auto: planned in {seconds:.1f} s ({len(choice.costs.unit) + 1} timed batch-1 steps: "
                  f"vanilla, and each unit alone in each of its modes; {len(choice.tried)} candidates measured at "
                  f"batch {choice.batch})")
     return lines
 
 
-def confirm_on_cuda(trainer: Any, model: nn.Module, settings: dict, batch: int, imgsz: int, objects: int,
+def confirm_on_cuda(trainer: Any, model: nn.Module, settings: PlanSettings, batch: int, imgsz: int, objects: int,
                     amp: torch.dtype | None) -> str:
     """One measured step of the chosen plan on the CUDA device: the allocator's ``max_memory_reserved`` against the
     share of usable memory (tensor bytes were planned; this is what the allocator really takes)."""
@@ -274,8 +274,7 @@ def confirm_on_cuda(trainer: Any, model: nn.Module, settings: dict, batch: int, 
     target = int(trainer.memory_target * dev.margin)
 
     def step() -> int:  # the device bounds it: a memory error is "does not fit" (``unless_oom``), never the run's
-        with planned_copy(model, settings["checkpoint_stages"], settings["checkpoint_mode"],
-                          settings["checkpoint_layers"] or None) as m:
+        with planned_copy(model, settings.with_loss(None)) as m:  # the loss plan the model has
             data = training_batch(m, imgsz, batch, objects)
             with cuda_peak(trainer.device) as peak:
                 step_loss(m, data, amp).backward()

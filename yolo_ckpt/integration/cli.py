@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ultralytics.cfg import MODES, TASKS, check_dict_alignment, entrypoint, merge_equals_args, parse_key_value_pair
 from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
 
-from ..loss.install import LOSS_HELP
+from ..regions.loss.install import LOSS_HELP
 from ..versions import __version__
 
 if TYPE_CHECKING:  # the planner imports torch, which the CLI's help and errors need not wait for
@@ -351,6 +351,7 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
                     candidates: bool = True) -> tuple[list[dict], list[dict], dict, int]:
     """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)`` (``candidates=False``: no tradeoffs,
     ``{}``)."""
+    from ..regions.settings import PlanSettings
     from ..regions.spec import word
     from ..report.profiler import compare_plans, profile_stages, standard_plans
     from ..report.tradeoff import tradeoffs
@@ -360,10 +361,10 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
     plans = standard_plans(model)
     loss = word(cfg.checkpoint_loss) or "none"
     if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
-        plans["yours"] = (cfg.checkpoint_stages or [], word(cfg.checkpoint_mode) or "full", cfg.checkpoint_layers, loss)
+        plans["yours"] = PlanSettings.from_keys(cfg).with_loss(loss)
     if loss != "none":  # the loss plan alone and with the whole network (every other row: Ultralytics' loss)
-        plans[f"loss {loss}"] = ([], "full", None, loss)
-        plans[f"all + head, loss {loss}"] = ("all", "full", "head", loss)
+        plans[f"loss {loss}"] = PlanSettings(loss=loss)
+        plans[f"all + head, loss {loss}"] = PlanSettings.of("all", layers="head", loss=loss)
     stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
     plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
     if not candidates:

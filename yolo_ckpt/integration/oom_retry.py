@@ -9,7 +9,6 @@ from torch import nn
 from ultralytics.utils import LOGGER, RANK
 from ultralytics.utils.torch_utils import unwrap_model
 
-from ..loss.install import enable_loss_checkpointing
 from ..memory.device import device_memory, release, unless_oom
 from ..memory.step import batch_bytes, loop_bytes
 from ..planning.costs import unit_costs
@@ -17,7 +16,9 @@ from ..planning.escalation import Snapshot, keeps_least, next_plan
 from ..planning.search import deepest
 from ..regions.graph import model_stages
 from ..regions.install import checkpoint_plan, enable_checkpointing
+from ..regions.loss.install import enable_loss_checkpointing
 from ..regions.plan import CheckpointPlan
+from ..regions.settings import PlanSettings
 from ..regions.spec import CheckpointConfigError
 from ..report.summary import autocast_dtype
 from .run_memory import (
@@ -87,7 +88,7 @@ def escalate_plan(trainer: Any) -> None:
         enable_loss_checkpointing(model, loss)
         trainer.args.checkpoint_loss = loss
         record_settings(trainer)
-        now = (checkpoint_plan(model) or CheckpointPlan()).describe(old["checkpoint_mode"] or "full")
+        now = (checkpoint_plan(model) or CheckpointPlan()).describe(old.mode)
         LOGGER.warning(f"{PREFIX} out of memory at batch {trainer.batch_size} with {now}, the plan that keeps the "
                        f"least: escalated to checkpoint_loss={loss} (each image's mask loss recomputed, bit for bit) "
                        f"at the same batch instead of halving it")
@@ -95,7 +96,7 @@ def escalate_plan(trainer: Any) -> None:
         return
     imgsz = planning_imgsz(trainer)
     amp = autocast_dtype(trainer)
-    def plan() -> tuple[dict, int | None]:
+    def plan() -> tuple[PlanSettings, int | None]:
         if state.costs is None:  # once: a second escalation at this imgsz plans from the same unit steps
             state.measured(unit_costs(model, imgsz, objects(trainer), amp), trainer.batch_size)
         return next_plan(model, old, imgsz, trainer.batch_size, objects(trainer), amp, state.costs)
@@ -103,18 +104,18 @@ def escalate_plan(trainer: Any) -> None:
     with random_state_kept(trainer.device):  # training goes on from here, as after Ultralytics' own retry
         # a device that holds less than it said may not hold planning's copies: then the plan that keeps the least
         settings, measured = unless_oom(plan, trainer.device) or (state.least or deepest(model), None)
-    for k, v in settings.items():
+    for k, v in settings.keys().items():
         setattr(trainer.args, k, v)
-    plan = CheckpointPlan.from_spec(model, settings["checkpoint_stages"], settings["checkpoint_layers"] or None)
-    enable_checkpointing(model, plan, settings["checkpoint_mode"])
+    plan = settings.resolve(model)
+    enable_checkpointing(model, plan, settings.mode)
     record_settings(trainer)
-    before = CheckpointPlan.from_spec(model, old["checkpoint_stages"], old["checkpoint_layers"] or None)
+    before = old.resolve(model)
     how = (f"its step measured {measured / 2**30:.3f} GB, within what the device has free less the training loop's "
            f"other batches" if measured is not None
            else "none was measured to fit, so the plan that keeps the least; if it runs out too, the batch halves")
     LOGGER.warning(f"{PREFIX} out of memory at batch {trainer.batch_size} with "
-                   f"{before.describe(old['checkpoint_mode'] or 'full')}: escalated to "
-                   f"{plan.describe(settings['checkpoint_mode'])} at the same batch instead of halving it ({how})")
+                   f"{before.describe(old.mode)}: escalated to "
+                   f"{plan.describe(settings.mode)} at the same batch instead of halving it ({how})")
     replan_validation(trainer, model, measured)
 
 

@@ -26,15 +26,15 @@ from ultralytics.utils import LOGGER, RANK, YAML, colorstr
 from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import unwrap_model
 
-from ..loss.install import LOSS_TASKS, loss_checkpointing
 from ..memory.device import DeviceMemory, device_memory
 from ..planning.autobatch import parse_memory
 from ..planning.costs import Costs
 from ..planning.escalation import Snapshot
 from ..planning.search import least_keeping
+from ..regions.loss.install import LOSS_TASKS, loss_checkpointing
+from ..regions.settings import PlanSettings
 
 PREFIX = colorstr("checkpoint:")
-KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")  # the plan, as args hold it
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Planning:
         snapshot (Snapshot | None): The first epoch's start, for an exact restart after an escalation.
         pipeline_batch (int | None): The batch the loaders were last built at.
         stages (list[int]): The model's stage numbers, found at set-up (no dry run may allocate in the retry).
-        least (dict | None): The settings of the plan that keeps the least: ``search.deepest`` at set-up, the
+        least (PlanSettings | None): The plan that keeps the least: ``search.deepest`` at set-up, the
             planner's ``least_keeping`` candidate once the units are measured.
         device (DeviceMemory | None): Under DDP, the device of the rank with the least usable memory
             (``smallest_device``), which rank 0 plans for.
@@ -57,7 +57,7 @@ class Planning:
     snapshot: Snapshot | None = None
     pipeline_batch: int | None = None
     stages: list = field(default_factory=list)
-    least: dict | None = None
+    least: PlanSettings | None = None
     escalate: bool = False
     device: DeviceMemory | None = None
 
@@ -90,9 +90,10 @@ def python_random_kept() -> Iterator[None]:
         np.random.set_state(states[1])
 
 
-def settings_of(trainer: Any) -> dict[str, Any]:
-    """The plan the trainer's args hold (``checkpoint_stages``, ``checkpoint_layers``, ``checkpoint_mode``)."""
-    return {k: getattr(trainer.args, k) for k in KEYS}
+def settings_of(trainer: Any) -> PlanSettings:
+    """The layer plan the trainer's args hold (``checkpoint_stages``, ``checkpoint_layers``, ``checkpoint_mode``; the
+    loss plan is the run's, installed apart)."""
+    return PlanSettings.from_keys(trainer.args).with_loss(None)
 
 
 def record_settings(trainer: Any) -> None:

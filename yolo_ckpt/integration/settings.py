@@ -10,11 +10,11 @@ from ultralytics.cfg import DEFAULT_CFG_DICT
 from ultralytics.utils import YAML
 
 from ..data.resources import data_file
-from ..loss.install import check_loss_setting
 from ..memory.device import parse_device
 from ..planning.autobatch import parse_memory
 from ..regions.families import DEFAULT_MODELS, check_supported
 from ..regions.install import check_plan
+from ..regions.loss.install import check_loss_setting
 from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
 from ..regions.spec import CheckpointConfigError, word

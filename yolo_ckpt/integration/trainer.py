@@ -34,12 +34,11 @@ from ultralytics.utils import LOGGER, RANK, IterableSimpleNamespace
 from ultralytics.utils.patches import torch_load
 from ultralytics.utils.torch_utils import unwrap_model
 
-from ..loss.install import check_loss_setting, disable_loss_checkpointing, enable_loss_checkpointing
 from ..memory.device import SimulatedDevice
 from ..planning.autobatch import parse_memory
 from ..regions.graph import model_stages
 from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
-from ..regions.plan import CheckpointPlan
+from ..regions.loss.install import check_loss_setting, disable_loss_checkpointing, enable_loss_checkpointing
 from ..regions.spec import CheckpointConfigError, word
 from ..report.summary import compare_with_vanilla
 from . import auto, oom_retry
@@ -48,7 +47,7 @@ from .distributed import DistributedMixin, from_ultralytics_launcher, launch_rec
 from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
 from .offline import provide_fonts
 from .oom_retry import escalation_point
-from .run_memory import PREFIX, Planning
+from .run_memory import PREFIX, Planning, settings_of
 from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_settings, is_auto, model_name, saved_settings
 
 
@@ -187,8 +186,8 @@ class CheckpointMixin(DistributedMixin):
         if is_auto(self.args.checkpoint_stages):
             LOGGER.info(f"{PREFIX} auto: the plan is chosen once the device, batch and frozen layers are known")
             return model
-        plan = CheckpointPlan.from_spec(model, self.args.checkpoint_stages, self.args.checkpoint_layers)
-        mode = self.args.checkpoint_mode or "full"
+        settings = settings_of(self)
+        plan, mode = settings.resolve(model), settings.mode
         enable_checkpointing(model, plan, mode)
         if not plan.regions:
             LOGGER.info(f"{PREFIX} no layer plan, all the network's activations stored")
@@ -213,7 +212,7 @@ class CheckpointMixin(DistributedMixin):
         return model
 
     def install_loss_plan(self, model: nn.Module) -> None:
-        """Recompute the criterion as ``checkpoint_loss`` says (``yolo_ckpt.loss.install``), and say so."""
+        """Recompute the criterion as ``checkpoint_loss`` says (``yolo_ckpt.regions.loss.install``), and say so."""
         how = check_loss_setting(self.args.checkpoint_loss, self.args.task, model_name(model))
         enable_loss_checkpointing(model, how)
         if how == "exact":

@@ -14,7 +14,7 @@ out-of-memory error, which means "does not fit", and its memory is released.
 
 Examples:
     >>> model = build_model("yolo11n.yaml")
-    >>> with planned_copy(model, "all") as m:
+    >>> with planned_copy(model, PlanSettings.of("all")) as m:
     ...     step_bytes(m, imgsz=320, batch=2) < step_bytes(model, imgsz=320, batch=2)
     True
 """
@@ -26,14 +26,14 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from ..loss.install import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
-from ..regions.install import disable_checkpointing, enable_checkpointing
-from ..regions.plan import CheckpointPlan
+from ..regions.install import disable_checkpointing
+from ..regions.loss.install import disable_loss_checkpointing, loss_checkpointing
+from ..regions.settings import NO_PLAN, PlanSettings
 from .device import LimitReached, MemoryLimit, unless_oom
 from .tracker import LiveTensorTracker
 
@@ -256,33 +256,25 @@ def time_steps(models: list[nn.Module], batch: dict, repeats: int, amp: torch.dt
     return [statistics.median(ts) if ts else 0.0 for ts in times]
 
 
-def with_plan(model: nn.Module, spec: Any, mode: str = "full", layers: Any = None,
-              loss: str | None = None) -> nn.Module:
-    """A copy of ``model`` with ``checkpoint_stages=spec``, ``checkpoint_mode=mode`` and ``checkpoint_layers=layers``
-    installed, and ``checkpoint_loss=loss`` (``None``: the loss plan ``model`` has). The caller disables it when done:
-    the installed plan refers back to its model; see ``planned_copy``.
-    """
+def with_plan(model: nn.Module, plan: PlanSettings) -> nn.Module:
+    """A copy of ``model`` with ``plan`` installed (its loss plan where it has one, else the one ``model`` has). The
+    caller disables it when done: the installed plan refers back to its model; see ``planned_copy``."""
     m = copy.deepcopy(model)
-    enable_checkpointing(m, CheckpointPlan.from_spec(m, spec, layers), mode)
-    if loss is not None:
-        enable_loss_checkpointing(m, loss)
+    plan.install(m)
     return m
 
 
 @contextmanager
-def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: Any = None,
-                 loss: str | None = None) -> Iterator[nn.Module]:
-    """A copy of ``model`` with a plan installed (``spec=None``: the plan ``model`` has; ``loss=None``: its loss plan),
-    for the block only:
-    afterwards the plan is removed, so the copy is freed at once rather than when the collector finds the cycle, and
-    planning keeps one copy at a time.
+def planned_copy(model: nn.Module, plan: PlanSettings | None = NO_PLAN) -> Iterator[nn.Module]:
+    """A copy of ``model`` with ``plan`` installed (``None``: the plan ``model`` has), for the block only: afterwards
+    the plan is removed, so the copy is freed at once rather than when the collector finds the cycle, and planning
+    keeps one copy at a time.
 
     Examples:
-        >>> with planned_copy(build_model("yolo11n.yaml"), [2, 3], "selective") as m:
+        >>> with planned_copy(build_model("yolo11n.yaml"), PlanSettings.of([2, 3], "selective")) as m:
         ...     step = measure_peak(m, training_batch(m, 128, 1))
     """
-    m = with_plan(model, list(spec) if isinstance(spec, tuple) else spec, mode, layers, loss) if spec is not None \
-        else copy.deepcopy(model)  # as installed: a deep copy carries the plan, bound to the copy
+    m = with_plan(model, plan) if plan is not None else copy.deepcopy(model)  # a deep copy carries the plan
     try:
         yield m
     finally:
@@ -292,26 +284,26 @@ def planned_copy(model: nn.Module, spec: Any = (), mode: str = "full", layers: A
 
 
 @contextmanager
-def copy_for_plans(model: nn.Module) -> Iterator[Callable[..., nn.Module]]:
-    """One copy of ``model`` for many plans in turn: ``install(spec, mode, layers, loss)`` (``planned_copy``'s
-    arguments) puts a plan on it and returns it, its loss built afresh at its next step, so that each step measures as
-    the first step of a fresh ``planned_copy`` does; afterwards the copy is freed as ``planned_copy`` frees it.
+def copy_for_plans(model: nn.Module) -> Iterator[Callable[[PlanSettings], nn.Module]]:
+    """One copy of ``model`` for many plans in turn: ``install(plan)`` puts a plan on it and returns it, its loss
+    built afresh at its next step, so that each step measures as the first step of a fresh ``planned_copy`` does;
+    afterwards the copy is freed as ``planned_copy`` frees it.
 
-    A deep copy per plan was a third of measuring every candidate plan (``tradeoff.measure_candidates``). The copy's
-    BatchNorm statistics move from step to step; no step's bytes, FLOPs or time depend on them.
+    One copy rather than one per plan: a deep copy costs as much as a step of a small model, once per candidate plan
+    (``tradeoff.measure_candidates``). The copy's BatchNorm statistics move from step to step; no step's bytes, FLOPs
+    or time depend on them.
 
     Examples:
         >>> with copy_for_plans(build_model("yolo11n.yaml")) as install:
-        ...     steps = [measure_peak(m := install(p), training_batch(m, 128, 1)) for p in ([], [2, 3], "all")]
+        ...     steps = [measure_peak(m := install(PlanSettings.of(p)), training_batch(m, 128, 1))
+        ...              for p in ([], [2, 3], "all")]
     """
-    with planned_copy(model, []) as m:
+    with planned_copy(model) as m:
         criterion, own_loss = getattr(m, "criterion", None), loss_checkpointing(model) or "none"
 
-        def install(spec: Any = (), mode: str = "full", layers: Any = None, loss: str | None = None) -> nn.Module:
+        def install(plan: PlanSettings) -> nn.Module:
             m.criterion = criterion  # as the copy had it: the next step builds the loss as a fresh copy's first
-            enable_checkpointing(m, CheckpointPlan.from_spec(m, list(spec) if isinstance(spec, tuple) else spec,
-                                                             layers), mode)
-            enable_loss_checkpointing(m, own_loss if loss is None else loss)
+            plan.with_loss(own_loss if plan.loss is None else plan.loss).install(m)
             return m
 
         yield install
@@ -336,7 +328,7 @@ def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OB
     inputs = batch_bytes(model, imgsz, batch, objects)
     if limit is not None and static + inputs > limit:
         raise LimitReached(f"the validation batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
-    with planned_copy(model, []) as m:
+    with planned_copy(model) as m:
         m.eval()
         data = training_batch(m, imgsz, batch, objects)
         if half:

@@ -10,17 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..loss.install import enable_loss_checkpointing
 from ..memory.device import MemoryLimit, unless_oom
 from ..memory.step import batch_bytes, grad_bytes, planned_copy, state_bytes, step_loss, time_steps, training_batch
 from ..memory.tracker import LiveTensorTracker
 from ..regions.graph import joined_stages, model_parts, model_stages
-from ..regions.install import enable_checkpointing
-from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
+from ..regions.settings import PlanSettings
 from ..regions.spec import CheckpointConfigError
 from .autobatch import probe_room
-from .units import HEAD, JOINED, LOSS, NECK, UNIT_MODES, Candidate, Layout, split_mode
+from .units import HEAD, LOSS, NECK, UNIT_MODES, Candidate, Layout, is_joined
 
 TIMED_STEPS = 3  # timed steps per planning copy (median): a unit's recompute time is its step's less vanilla's
 # (0: no step is timed, every time is 0 s and plans rank by their FLOPs, ``candidates``' next key)
@@ -111,7 +109,7 @@ class Costs:
         if self.mixed:
             return [(u,) for u in self.units]
         after = tuple(u for u in self.units if u in (NECK, HEAD))
-        alone = [(u,) for u in self.units if u not in after and not isinstance(u, JOINED)]  # stages join by themselves
+        alone = [(u,) for u in self.units if u not in after and not is_joined(u)]  # stages join by themselves
         return alone + [after] if after else alone
 
     def modes_of(self, unit: Any) -> tuple[str, ...]:
@@ -163,9 +161,7 @@ def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torc
     """``Phases`` of ``c``'s step at batch 1 on ``m`` (planning's copy; ``c`` is installed on it) within what the
     device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy and batch
     (the same step, so the memory it needs is what was just measured within the bound)."""
-    enable_checkpointing(m, c.plan(m), c.spec[1])  # as ``Candidate.copy`` installs it
-    if c.loss is not None:
-        enable_loss_checkpointing(m, c.loss)
+    c.installs.install(m)  # as ``Candidate.copy`` installs it
     room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
     data = training_batch(m, imgsz, 1, objects)
     limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
@@ -182,7 +178,7 @@ def per_region_modes(model: nn.Module) -> bool:
     """Whether ``checkpoint_layers`` on this model takes a mode per region (``"0:selective"``); the grammar of
     regions inside layers brings it."""
     try:
-        CheckpointPlan.from_spec(model, [], ["0:selective"])
+        PlanSettings.of(layers=["0:selective"]).resolve(model)
     except (CheckpointConfigError, TypeError, ValueError):
         return False
     return True
@@ -200,7 +196,7 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
         ValueError: When not even the plain step at batch 1 fits the device.
     """
     stages = model_stages(model)
-    head = tuple((r[0], r[-1]) for r in CheckpointPlan.from_spec(model, [], HEAD).layer_regions)
+    head = tuple((r[0], r[-1]) for r in PlanSettings.of(layers=HEAD).resolve(model).layer_regions)
     mixed = per_region_modes(model)
     layout = _layout(model, stages, head, mixed)
     units = [w.unit for w in layout]
@@ -210,10 +206,10 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     # device); its BatchNorm statistics move from probe to probe, which no step's bytes, FLOPs or time depend on,
     # and its loss is put back as the copy had it, so that every probe is the first step of a fresh copy
     probes = [(None, "full"), *((u, k) for u in units for k in UNIT_MODES
-                                if k in MODES or where[u].nests and (split_mode(k)[0] or not isinstance(u, JOINED))),
+                                if k in MODES or where[u].nests and (k.regions or not is_joined(u))),
               *((LOSS, k) for k in loss_modes)]
     base = "none" if loss_modes else None  # the loss the network's probes run
-    with planned_copy(model, [], loss=base) as m:
+    with planned_copy(model, PlanSettings(loss=base)) as m:
         criterion = getattr(m, "criterion", None)  # the loss a first step makes, as it had it (its bytes count)
         for unit, mode in probes:
             m.criterion = criterion

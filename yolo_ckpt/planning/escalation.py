@@ -12,7 +12,7 @@ failed step changed before any optimizer step (BatchNorm buffers, the random gen
 
 Examples:
     >>> snap = Snapshot.take(model, ema_updates=0)  # doctest: +SKIP
-    >>> settings, measured = next_plan(model, {"checkpoint_stages": [2, 3]}, imgsz=640, batch=4)  # doctest: +SKIP
+    >>> settings, measured = next_plan(model, PlanSettings.of([2, 3]), imgsz=640, batch=4)  # doctest: +SKIP
     >>> snap.restore(model)  # doctest: +SKIP
 """
 
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..memory.step import batch_bytes, planned_copy, state_bytes
-from ..regions.plan import CheckpointPlan
+from ..regions.settings import PlanSettings
 from .choice import MAX_MEASURED, measure_candidate, measure_copy
 from .costs import Costs, unit_costs
 from .search import escalations, least_keeping
@@ -66,17 +65,14 @@ class Snapshot:
             torch.cuda.set_rng_state_all(self.rng[3])
 
 
-def _normal(settings: dict[str, Any], stages: list[int]) -> tuple:
-    """A plan's settings in one spelling: stages as a sorted list (``all`` is every stage of ``stages``), words in
-    lower case, layer items as strings."""
-    spec, layers = settings.get("checkpoint_stages"), settings.get("checkpoint_layers")
-    spec = list(stages) if isinstance(spec, str) and spec.strip().lower() == "all" else \
-        sorted(spec if isinstance(spec, (list, tuple)) else [] if spec is None else [spec])
-    layers = layers.strip().lower() if isinstance(layers, str) else [str(x) for x in layers or []]
-    return spec, layers, (settings.get("checkpoint_mode") or "full").strip().lower()
+def _normal(settings: PlanSettings, stages: list[int]) -> tuple:
+    """A layer plan in one spelling: ``all`` as every stage of ``stages``, layer items as strings, no loss."""
+    spec = tuple(stages) if settings.stages == "all" else settings.stages
+    layers = settings.layers if isinstance(settings.layers, str) else tuple(map(str, settings.layers or ()))
+    return spec, layers, settings.mode
 
 
-def keeps_least(settings: dict[str, Any], least: dict[str, Any] | None, stages: list[int]) -> bool:
+def keeps_least(settings: PlanSettings, least: PlanSettings | None, stages: list[int]) -> bool:
     """Whether ``settings`` are the plan that keeps the least, ``least``: nothing keeps less, so an out-of-memory
     error can only be met by a smaller batch. ``least`` is the planner's least-keeping candidate once the units are
     measured (``search.least_keeping``), before that ``search.deepest``; ``None`` (not known) keeps nothing least.
@@ -85,18 +81,17 @@ def keeps_least(settings: dict[str, Any], least: dict[str, Any] | None, stages: 
     return least is not None and _normal(settings, stages) == _normal(least, stages)
 
 
-def _units(model: nn.Module, settings: dict[str, Any], costs: Costs) -> tuple | None:
+def _units(model: nn.Module, settings: PlanSettings, costs: Costs) -> tuple | None:
     """The planner's units of ``settings`` (stages, then neck and head for ``checkpoint_layers=head``), or ``None``
     for plans outside that space."""
-    layers = settings.get("checkpoint_layers")
-    if layers not in (None, [], HEAD) and not (isinstance(layers, str) and layers.strip().lower() == HEAD):
+    if settings.layers not in (None, HEAD):
         return None
-    stages = CheckpointPlan.from_spec(model, settings.get("checkpoint_stages")).stages
-    return (*stages, *(u for u in costs.units if u in (NECK, HEAD) and layers))
+    stages = PlanSettings.of(settings.stages).resolve(model).stages
+    return (*stages, *(u for u in costs.units if u in (NECK, HEAD) and settings.layers))
 
 
-def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int, objects: int = 50,
-              amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[dict[str, Any], int | None]:
+def next_plan(model: nn.Module, settings: PlanSettings, imgsz: int, batch: int, objects: int = 50,
+              amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[PlanSettings, int | None]:
     """Where a run that ran out of memory at ``batch`` with ``settings`` goes: the cheapest plan predicted to keep less
     whose step at ``batch`` fits what the device has free now less the training loop's other batches (measured on
     copies; ``choice.measure_candidate``), or, when none is measured to fit, the planner's least-keeping
@@ -104,7 +99,7 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
 
     Args:
         model: The training model (plan installed or not); copies are measured, it never runs.
-        settings: The failed plan's ``checkpoint_stages``, ``checkpoint_layers`` and ``checkpoint_mode``.
+        settings: The failed plan (its layer keys: its loss plan is the run's).
         imgsz: Training image size.
         batch: The batch that ran out of memory (per process).
         objects: Labelled objects per image in the measured batches.
@@ -118,14 +113,13 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
     fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
     units, measured = _units(model, settings, costs), False
     if units is not None and all(u in costs.units for u in units) and units:
-        current = fixed + costs.predict(units, settings.get("checkpoint_mode") or "full", batch)[0]
+        current = fixed + costs.predict(units, settings.mode, batch)[0]
     elif units == ():
         current = fixed + costs.predict((), "full", batch)[0]
     else:  # a plan outside the units (layer lists, parts): its own step at the batch, measured as candidates are
         # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px put a
         # plan of parts above stage 1 alone, which keeps more)
-        with planned_copy(model, settings.get("checkpoint_stages"), settings.get("checkpoint_mode") or "full",
-                          settings.get("checkpoint_layers") or None) as m:
+        with planned_copy(model, settings) as m:
             got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
         current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
         measured = True

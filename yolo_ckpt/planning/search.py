@@ -7,15 +7,15 @@ import bisect
 import itertools
 import math
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from torch import nn
 
 from ..regions.graph import model_stages
-from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
+from ..regions.settings import PlanSettings
 from .costs import Costs, _layout, per_region_modes
-from .units import HEAD, JOINED, NESTED, Candidate
+from .units import HEAD, NESTED, Candidate, is_joined
 
 MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
 
@@ -32,8 +32,8 @@ def space_size(costs: Costs) -> int:
     """How many candidate plans ``costs``' units make: each unit off or in one of its modes (with per-unit modes),
     else every set of ``Costs.groups`` in each of ``MODES``."""
     n = {u: len(costs.modes_of(u)) for u in costs.units}
-    joined = [u for u in costs.units if isinstance(u, JOINED)]  # with neither of its stages, or not at all
-    alone = [u for u in costs.units if not isinstance(u, JOINED) and not any(u in j for j in joined)]
+    joined = [u for u in costs.units if is_joined(u)]  # with neither of its stages, or not at all
+    alone = [u for u in costs.units if not is_joined(u) and not any(u in j for j in joined)]
     plans = (math.prod(1 + n[u] for u in alone)
              * math.prod(math.prod(1 + n.get(k, 0) for k in j) + n[j] for j in joined) - 1  # a stage may not fit
              if costs.mixed else len(MODES) * (2 ** len(costs.groups()) - 1))
@@ -53,8 +53,8 @@ def _every_plan(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
 
 
 def _clash(units: tuple) -> bool:
-    """Whether ``units`` holds a stage twice: a joined unit (``JOINED``) and one of its stages."""
-    return any(k in units for u in units if isinstance(u, JOINED) for k in u)
+    """Whether ``units`` holds a stage twice: a joined unit (``UnitKind.JOINED``) and one of its stages."""
+    return any(k in units for u in units if is_joined(u) for k in u)
 
 
 class _Partial(NamedTuple):
@@ -154,15 +154,15 @@ def least_keeping(costs: Costs, batch: int = 1, fixed: int = 0) -> Candidate:
     return min(candidates(costs, batch, fixed, loss=False), key=lambda c: (c.predicted_bytes, -c.flops))
 
 
-def deepest(model: nn.Module) -> dict[str, Any]:
+def deepest(model: nn.Module) -> PlanSettings:
     """The settings of the plan that recomputes the most, known without measuring anything: every unit (each stage,
     the stem in stage 2's region where plans take a mode per region, the neck, the head layer) full, and, where the
     model's plans take a mode per region, each of its block layers' parts a full region nested inside (``NESTED``).
     Escalation takes it as the plan that keeps the least until the units are measured (``least_keeping``). Builds
     ``checkpoint_layers=head`` with a dry run: call it where memory is free."""
-    head = tuple((r[0], r[-1]) for r in CheckpointPlan.from_spec(model, [], HEAD).layer_regions)
+    head = tuple((r[0], r[-1]) for r in PlanSettings.of(layers=HEAD).resolve(model).layer_regions)
     layout = _layout(model, model_stages(model), head, per_region_modes(model))
-    joined = {k for w in layout if isinstance(w.unit, JOINED) for k in w.unit}  # the stem in stage 2's region
+    joined = {k for w in layout if is_joined(w.unit) for k in w.unit}  # the stem in stage 2's region
     layout = tuple(w for w in layout if w.unit not in joined)
     modes = tuple(NESTED if w.nests else "full" for w in layout)
     return Candidate(tuple(w.unit for w in layout), modes, 0, 0, head, layout=layout).settings

@@ -4,36 +4,78 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, NamedTuple
 
 from torch import nn
 
 from ..memory.step import planned_copy
 from ..regions.plan import CheckpointPlan
-from ..regions.recompute import MODES
+from ..regions.recompute import MODES, Mode
+from ..regions.settings import PlanSettings
 
 LOSS = "loss"  # the loss plan as a unit (``Costs.loss``): after the head, its backward first
 HEAD = "head"  # the unit of the model's last layer (Detect, Segment, Classify, RTDETRDecoder, ...)
 NECK = "neck"  # the unit of the layers between backbone and head layer that store activations (where there are any)
 MIXED = "mixed"  # ``Candidate.mode`` of a plan whose units are recomputed in different modes
-# A unit's mode, where the model's plans take a mode per region: its own regions' (``full``, ``selective``, or none)
-# and, for a unit with block layers, the mode of their parts (``Layout.nests``) as a unit of their own: each part a
-# region, nested inside the unit's regions (Chen's recursive scheme) or alone ("parts": the unit's other layers keep
-# their tensors). What the parts save depends on their unit's mode, so each pair is measured together.
 PARTS = "parts"
-UNIT_MODES = (*MODES, *(f"{o}+{PARTS}{s}" for o in MODES for s in ("", ":selective")), PARTS, f"{PARTS}:selective")
-JOINED = tuple  # the type of a unit of stages in one region, ``(1, 2)``: the stem in the next stage's region
-NESTED = f"full+{PARTS}"  # a unit recomputed full, each part of its block layers a full region of its own inside
 
 
-def split_mode(mode: str) -> tuple[str | None, str | None]:
-    """A unit mode's (regions' mode, parts' mode), ``None`` where not recomputed: ``"full+parts:selective"`` is
-    ``("full", "selective")``, ``"parts"`` is ``(None, "full")``, ``"selective"`` is ``("selective", None)``."""
-    outer, with_parts, parts = mode.partition(PARTS)
-    if not with_parts:
-        return mode, None
-    return outer.removesuffix("+") or None, parts.removeprefix(":") or "full"
+class UnitKind(Enum):
+    """What a unit is: one backbone stage (its number), stages in one region (``(1, 2)``: the stem in the next
+    stage's region, as ``checkpoint_stages=[1,2]`` makes it), the neck, the head layer, or the loss."""
+
+    STAGE = "stage"
+    JOINED = "joined"
+    NECK = NECK
+    HEAD = HEAD
+    LOSS = LOSS
+
+    @classmethod
+    def of(cls, unit: Any) -> UnitKind:
+        """The kind of ``unit`` as planning writes units: a stage number, a tuple of them, or the unit's name."""
+        return cls.JOINED if isinstance(unit, tuple) else cls.STAGE if isinstance(unit, int) else cls(unit)
+
+
+def is_joined(unit: Any) -> bool:
+    """Whether ``unit`` is stages in one region (``UnitKind.JOINED``)."""
+    return UnitKind.of(unit) is UnitKind.JOINED
+
+
+def unit_stages(unit: Any) -> tuple[int, ...]:
+    """The backbone stages ``unit`` recomputes: a stage's own, a joined unit's, none for the neck, head and loss."""
+    kind = UnitKind.of(unit)
+    return (unit,) if kind is UnitKind.STAGE else unit if kind is UnitKind.JOINED else ()
+
+
+class UnitMode(str):
+    """A unit's mode, where the model's plans take a mode per region, as the log and the costs' keys write it.
+
+    Its own regions' mode (``full``, ``selective``, or none) and, for a unit with block layers, the mode of their
+    parts (``Layout.nests``), each part a region nested inside the unit's regions (Chen's recursive scheme) or alone
+    (``parts``: the unit's other layers keep their tensors). What the parts save depends on their unit's mode, so each
+    pair is measured together: ``"full+parts:selective"`` is regions ``full``, parts ``selective``; ``"parts"`` is no
+    region, parts ``full``; ``"selective"`` is regions ``selective``, no parts.
+    """
+
+    @property
+    def regions(self) -> Mode | None:
+        """The mode of the unit's own regions, ``None`` where they are not recomputed."""
+        outer, with_parts, _ = self.partition(PARTS)
+        outer = outer.removesuffix("+") if with_parts else outer
+        return Mode(outer) if outer else None
+
+    @property
+    def parts(self) -> Mode | None:
+        """The mode of each part of its block layers, ``None`` where they are not regions of their own."""
+        _, with_parts, parts = self.partition(PARTS)
+        return Mode(parts.removeprefix(":") or Mode.FULL) if with_parts else None
+
+
+UNIT_MODES = tuple(UnitMode(m) for m in (*MODES, *(f"{o}+{PARTS}{s}" for o in MODES for s in ("", ":selective")),
+                                         PARTS, f"{PARTS}:selective"))
+NESTED = UnitMode(f"full+{PARTS}")  # a unit recomputed full, each part of its block layers a full region inside
 
 
 class NothingFits(ValueError):
@@ -48,8 +90,8 @@ class Layout(NamedTuple):
     """Where a unit sits in the model, for settings that name its regions one by one.
 
     Attributes:
-        unit (Any): A stage number, ``"neck"``, ``"head"``, or the stem and the next stage in one region (``(1, 2)``,
-            ``JOINED``).
+        unit (Any): A stage number, ``"neck"``, ``"head"``, or the stem and the next stage in one region (``(1, 2)``;
+            ``UnitKind.of`` tells them apart).
         ranges (tuple): Its layer regions as ``(first, last)`` pairs.
         nests (tuple): Its block layers, whose parts (``graph.model_parts``) are blocks of their own (``_layout``):
             the unit's ``+parts`` modes recompute each part of them as a region of its own (inside the unit's
@@ -105,8 +147,8 @@ class Candidate:
         return self.modes[self.units.index(unit)]
 
     @property
-    def settings(self) -> dict:
-        """The training arguments of this plan.
+    def settings(self) -> PlanSettings:
+        """This plan as a user writes it.
 
         One mode of ``MODES``: those keys as a user writes them (``checkpoint_stages``, ``checkpoint_layers=head``
         for neck and head layer, or the regions of the one of them recomputed, ``checkpoint_mode``). Otherwise every
@@ -115,12 +157,10 @@ class Candidate:
         ``"2.*:selective"``), inside those ranges when they are recomputed too (``per_region_modes``: only such models
         get these plans).
         """
-        loss = {} if self.loss is None else {"checkpoint_loss": self.loss}
         if self.mode in MODES:
-            stages = [k for u in self.units for k in (u if isinstance(u, JOINED) else (u,)) if isinstance(k, int)]
-            return {"checkpoint_stages": stages, "checkpoint_layers": self._head_layers(), "checkpoint_mode": self.mode,
-                    **loss}
-        return {"checkpoint_stages": [], "checkpoint_layers": self._items(), "checkpoint_mode": "full", **loss}
+            stages = [k for u in self.units for k in unit_stages(u)]
+            return PlanSettings.of(stages, self.mode, self._head_layers() or None, self.loss)
+        return PlanSettings.of((), Mode.FULL, self._items() or None, self.loss)
 
     @property
     def key(self) -> tuple:
@@ -147,7 +187,7 @@ class Candidate:
         where = {w.unit: w for w in self.layout}
         items = []
         for u, m in zip(self.units, self.modes):
-            outer, parts = split_mode(m)
+            outer, parts = UnitMode(m).regions, UnitMode(m).parts
             if outer:
                 items += [(a, 0, f"{a}{'' if a == b else f'-{b}'}{_suffix(outer)}") for a, b in where[u].ranges]
             if parts:
@@ -155,28 +195,22 @@ class Candidate:
         return [item for *_, item in sorted(items)]
 
     @property
-    def spec(self) -> tuple:
-        """``(checkpoint_stages, checkpoint_mode, checkpoint_layers, checkpoint_loss)`` as ``planned_copy`` installs
-        it: the head's resolved ranges where known; the loss ``None`` where it is the run's."""
+    def installs(self) -> PlanSettings:
+        """``settings`` as planning installs them: ``checkpoint_layers=head`` as the head's resolved ranges where
+        known (``Costs.head``), so that planning copies need not repeat the keyword's dry run."""
         s = self.settings
-        if self.mode not in MODES or s["checkpoint_layers"] != HEAD:
-            return s["checkpoint_stages"], s["checkpoint_mode"], s["checkpoint_layers"] or None, self.loss
-        head = [list(r) for r in self.head] if self.head is not None else HEAD
-        return s["checkpoint_stages"], s["checkpoint_mode"], head, self.loss
-
-    @property
-    def layers(self) -> Any:
-        """``checkpoint_layers`` as planning installs it (``spec``)."""
-        return self.spec[2]
+        if self.mode not in MODES or s.layers != HEAD or self.head is None:
+            return s
+        return replace(s, layers=tuple(self.head))
 
     def plan(self, model: nn.Module) -> CheckpointPlan:
         """The ``CheckpointPlan`` of this candidate on ``model``."""
-        return CheckpointPlan.from_spec(model, self.spec[0], self.spec[2])
+        return self.installs.resolve(model)
 
     @contextmanager
     def copy(self, model: nn.Module) -> Iterator[nn.Module]:
         """A copy of ``model`` with this plan installed, for the block (``step.planned_copy``)."""
-        with planned_copy(model, *self.spec) as m:
+        with planned_copy(model, self.installs) as m:
             yield m
 
 
@@ -206,6 +240,6 @@ def _describe_plan(c: Candidate) -> str:
 
 
 def _describe_units(units: tuple, mode: str) -> str:
-    stages = ["+".join(map(str, u)) if isinstance(u, JOINED) else str(u) for u in units if u not in (NECK, HEAD)]
+    stages = ["+".join(map(str, unit_stages(u))) for u in units if UnitKind.of(u) in (UnitKind.STAGE, UnitKind.JOINED)]
     parts = ([f"stages [{', '.join(stages)}]"] if stages else []) + [u for u in (NECK, HEAD) if u in units]
     return " + ".join(parts) + (f" {mode}" if mode != "full" else "") if parts else "none"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
+from enum import Enum
 from functools import partial
 from typing import Any
 
@@ -74,11 +75,25 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-MODES = ("full", "selective")
-"""How a region is recomputed: ``full`` keeps only the region's inputs; ``selective`` also keeps the outputs whose
-recompute costs most per byte kept (convolutions over more than ``CHEAP_CONV_MACS`` multiply-adds per output element,
-matrix products with a long inner dimension, attention, pooling windows, reductions) and recomputes the rest
-(BatchNorm, activations, elementwise ops, concat, upsample, the cheapest convolutions): ``recompute_cost``."""
+class Mode(str, Enum):
+    """How a region is recomputed: ``full`` keeps only the region's inputs; ``selective`` also keeps the outputs whose
+    recompute costs most per byte kept (convolutions over more than ``CHEAP_CONV_MACS`` multiply-adds per output
+    element, matrix products with a long inner dimension, attention, pooling windows, reductions) and recomputes the
+    rest (BatchNorm, activations, elementwise ops, concat, upsample, the cheapest convolutions): ``recompute_cost``.
+
+    A ``str`` as well, so that the value a user writes (``checkpoint_mode=selective``) compares equal to it.
+    """
+
+    FULL = "full"
+    SELECTIVE = "selective"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+MODES = tuple(m.value for m in Mode)  # the values checkpoint_mode takes, in the order help lists them
 
 _aten = torch.ops.aten
 _MATMULS = {_aten.mm.default: 0, _aten.addmm.default: 1, _aten.bmm.default: 0, _aten.baddbmm.default: 1}

@@ -116,7 +116,7 @@ def _span(item: Any, spec: Any) -> Span:
     return Span(pair[0], pair[1])
 
 
-def _unquoted(text: str) -> list:
+def unquoted(text: str) -> list:
     """``[2.*, 23.cv2.0, [0, 4], 16]`` written without quotes, which Ultralytics' CLI hands over as one string (it
     cannot be read as a Python literal): string items, with ``[first, last]`` pairs and indices as numbers."""
     items = re.findall(r"\[\s*\d+\s*,\s*\d+\s*\]|[^,\[\]\s'\"]+", text.strip()[1:-1])
@@ -151,7 +151,7 @@ def parse_layer_spec(spec: Any) -> list[Span] | None:
     if word(spec) == "head":
         return None
     if isinstance(spec, str) and spec.strip().startswith("["):  # a list the shell passed unquoted: [2.*,23.cv2.0]
-        spec = _unquoted(spec)
+        spec = unquoted(spec)
     spans = sorted((_span(item, spec) for item in (list(spec) if isinstance(spec, (list, tuple)) else [spec])),
                    key=lambda s: (s.first, s.parts is not None))
     for s in spans:

@@ -14,7 +14,8 @@ checkpointing frees (under it a whole-network plan's step peaks above the same s
 
 Examples:
     >>> from yolo_ckpt.memory.step import build_model, planned_copy
-    >>> with planned_copy(build_model("yolo11n.yaml"), "all") as m:
+    >>> from yolo_ckpt.regions.settings import PlanSettings
+    >>> with planned_copy(build_model("yolo11n.yaml"), PlanSettings.of("all")) as m:
     ...     fit = fitting_step(m, imgsz=128, batch=2)  # None when it does not fit the device
     >>> fit.peak_bytes < fit.step_bytes
     True
@@ -35,6 +36,7 @@ from ..memory.device import MemoryLimit, cuda_peak, device_memory, unless_oom
 from ..memory.step import batch_bytes, planned_copy, state_bytes, step_cost, time_steps, training_batch, with_plan
 from ..planning.autobatch import probe_room
 from ..regions.install import disable_checkpointing
+from ..regions.settings import PlanSettings
 
 T = TypeVar("T")
 
@@ -75,17 +77,18 @@ def fitting_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | No
     return Fit(got.bytes, got.bytes - state_bytes(model) - inputs, got.flops, cuda)
 
 
-def plan_step(model: nn.Module, spec: tuple, imgsz: int, batch: int, amp: torch.dtype | None = None) -> Fit | None:
-    """``fitting_step`` of a copy of ``model`` with the plan ``spec`` (``(checkpoint_stages, checkpoint_mode[,
-    checkpoint_layers])``) installed. The copy is gone when it returns: a ``with planned_copy(...) as m`` in a loop
-    keeps the last copy bound to ``m`` until the next one exists, two copies on the device where one was counted."""
-    with planned_copy(model, *spec) as m:
+def plan_step(model: nn.Module, plan: PlanSettings, imgsz: int, batch: int,
+              amp: torch.dtype | None = None) -> Fit | None:
+    """``fitting_step`` of a copy of ``model`` with ``plan`` installed. The copy is gone when it returns: a ``with
+    planned_copy(...) as m`` in a loop keeps the last copy bound to ``m`` until the next one exists, two copies on the
+    device where one was counted."""
+    with planned_copy(model, plan) as m:
         return fitting_step(m, imgsz, batch, amp)
 
 
-def _time_alone(model: nn.Module, spec: tuple, data: dict, amp: torch.dtype | None) -> float:
-    """One timed step of a copy of ``model`` with ``spec`` installed, the copy gone when it returns (``plan_step``)."""
-    with planned_copy(model, *spec) as m:
+def _time_alone(model: nn.Module, plan: PlanSettings, data: dict, amp: torch.dtype | None) -> float:
+    """One timed step of a copy of ``model`` with ``plan`` installed, the copy gone when it returns (``plan_step``)."""
+    with planned_copy(model, plan) as m:
         return time_steps([m], data, 1, amp)[0]
 
 
@@ -104,30 +107,30 @@ def within_device(model: nn.Module, measure: Callable[[], T]) -> T | None:
     return unless_oom(bounded, device)
 
 
-def time_plans(model: nn.Module, specs: list[tuple], imgsz: int, batch: int, repeats: int,
+def time_plans(model: nn.Module, plans: list[PlanSettings], imgsz: int, batch: int, repeats: int,
                amp: torch.dtype | None = None) -> list[float]:
-    """Median step time of each plan (``(checkpoint_stages, checkpoint_mode[, checkpoint_layers])``) at ``imgsz``
-    and ``batch``, timed in interleaved rounds so that machine drift hits all plans alike (``step.time_steps``).
+    """Median step time of each plan at ``imgsz`` and ``batch``, timed in interleaved rounds so that machine drift
+    hits all plans alike (``step.time_steps``).
 
     A first, untimed round warms every plan up. Without a device limit every plan's copy lives for all rounds. On a
     device each step gets a copy of its own, made for it and freed after it, so that it runs in the memory its
     measured step had (the model, one copy, the batch): a plan that fit when measured fits when timed.
     """
     if not repeats:
-        return [0.0] * len(specs)
+        return [0.0] * len(plans)
     data = training_batch(model, imgsz, batch)
     if device_memory(data["img"].device) is None:
-        models = [with_plan(model, *spec) for spec in specs]
+        models = [with_plan(model, plan) for plan in plans]
         try:
             time_steps(models, data, 1, amp)
             return time_steps(models, data, repeats, amp)
         finally:
             for m in models:
                 disable_checkpointing(m)
-    times: list[list[float]] = [[] for _ in specs]
+    times: list[list[float]] = [[] for _ in plans]
     for _ in range(1 + repeats):
-        for spec, ts in zip(specs, times):
-            ts.append(_time_alone(model, spec, data, amp))
+        for plan, ts in zip(plans, times):
+            ts.append(_time_alone(model, plan, data, amp))
     return [statistics.median(ts[1:]) for ts in times]
 
 

@@ -10,7 +10,8 @@ when vanilla does not fit, nothing is given as a ratio to it.
 Examples:
     >>> from yolo_ckpt.memory.step import build_model
     >>> model = build_model("yolo11n.yaml")
-    >>> rows = compare_plans(model, imgsz=320, batch=2, plans={"none": [], "all": "all"}, repeats=1)
+    >>> plans = {"none": PlanSettings(), "all": PlanSettings.of("all")}
+    >>> rows = compare_plans(model, imgsz=320, batch=2, plans=plans, repeats=1)
     >>> rows[1]["peak_ratio"] < 0.7
     True
 """
@@ -21,7 +22,6 @@ import csv
 import json
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -29,17 +29,17 @@ from torch import nn
 from ..memory.step import measure_peak, planned_copy, step_loss, training_batch
 from ..planning import costs
 from ..regions.graph import model_stages
-from ..regions.plan import CheckpointPlan
+from ..regions.recompute import Mode
+from ..regions.settings import PlanSettings
 from .fitting import fitting_step, mib, plan_step, ratio, time_plans
 from .plots import axes, legend_points
 
 
-def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any], repeats: int | None = None,
+def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, PlanSettings], repeats: int | None = None,
                   progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
     """Measure each plan's training step, one copy at a time; ratios are to the first plan (vanilla).
 
-    A plan is a ``checkpoint_stages`` value, or a ``(checkpoint_stages, checkpoint_mode[, checkpoint_layers[,
-    checkpoint_loss]])`` tuple (no ``checkpoint_loss``: the loss plan ``model`` has).
+    Each plan's loss plan is its own where it has one, else the one ``model`` has.
 
     Memory and FLOPs are exact per plan, each step within what the device has free (``fitting.fitting_step``); step
     times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``; ``None``: as many as planning times,
@@ -53,9 +53,8 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
     from ultralytics.utils import TQDM
 
     repeats = costs.TIMED_STEPS if repeats is None else repeats
-    plans = {name: spec if isinstance(spec, tuple) else (spec, "full") for name, spec in plans.items()}
     items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
-    fits = {name: plan_step(model, spec, imgsz, batch, amp) for name, spec in items}
+    fits = {name: plan_step(model, plan, imgsz, batch, amp) for name, plan in items}
     measured = [name for name, fit in fits.items() if fit is not None]
     seconds = dict(zip(measured, time_plans(model, [plans[n] for n in measured], imgsz, batch, repeats, amp)))
     first = next(iter(fits))
@@ -65,9 +64,9 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Any
         peak, flops, cuda = (fit.peak_bytes, fit.flops, fit.cuda_peak_bytes) if fit else (None, None, None)
         rows.append({
             "plan": name,
-            "stages": CheckpointPlan.from_spec(model, plans[name][0]).stages,
-            "layers": CheckpointPlan.from_spec(model, [], *plans[name][2:3]).layer_spec(),
-            "mode": plans[name][1],
+            "stages": PlanSettings.of(plans[name].stages).resolve(model).stages,
+            "layers": PlanSettings.of(layers=plans[name].layers).resolve(model).layer_spec(),
+            "mode": plans[name].mode.value,
             "fits": fit is not None,
             "peak_MiB": mib(peak),
             "GFLOPs": None if flops is None else round(flops / 1e9, 2),
@@ -115,7 +114,7 @@ def _stage_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | Non
     ``stage`` checkpointed, gone when it returns: see ``fitting.plan_step``), or ``None`` when it does not fit the
     device: a bounded step (``fitting_step``) first, then the step again on a batch of the same size — in the memory
     the first had, so it fits — for what it keeps after forward."""
-    with planned_copy(model, [stage]) if stage is not None else nullcontext(model) as m:
+    with planned_copy(model, PlanSettings.of([stage])) if stage is not None else nullcontext(model) as m:
         fit = fitting_step(m, imgsz, batch, amp)
         if fit is None:
             return None
@@ -164,17 +163,17 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
     return rows
 
 
-def standard_plans(model: nn.Module) -> dict[str, Any]:
+def standard_plans(model: nn.Module) -> dict[str, PlanSettings]:
     """The plans the profiler compares: none, each single stage, [2,3] and all, all recomputed selectively, and the
     whole network (all stages and ``checkpoint_layers=head``), full and selective."""
     stages = sorted(model_stages(model))
-    plans = {"none": [], **{f"[{k}]": [k] for k in stages}}
+    plans = {"none": PlanSettings(), **{f"[{k}]": PlanSettings.of([k]) for k in stages}}
     if {2, 3} <= set(stages):
-        plans["[2,3]"] = [2, 3]
-    plans["all"] = "all"
-    plans["all selective"] = ("all", "selective")
-    plans["all + head"] = ("all", "full", "head")
-    plans["all + head selective"] = ("all", "selective", "head")
+        plans["[2,3]"] = PlanSettings.of([2, 3])
+    plans["all"] = PlanSettings.of("all")
+    plans["all selective"] = PlanSettings.of("all", Mode.SELECTIVE)
+    plans["all + head"] = PlanSettings.of("all", Mode.FULL, "head")
+    plans["all + head selective"] = PlanSettings.of("all", Mode.SELECTIVE, "head")
     return plans
 
 

@@ -21,9 +21,11 @@ import torch
 from ultralytics.utils import LOGGER, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
-from ..loss.install import disable_loss_checkpointing, loss_checkpointing
 from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing
+from ..regions.loss.install import disable_loss_checkpointing, loss_checkpointing
 from ..regions.plan import CheckpointPlan
+from ..regions.recompute import Mode
+from ..regions.settings import PlanSettings
 from .profiler import compare_plans
 
 PREFIX = colorstr("checkpoint:")
@@ -73,8 +75,8 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
     LOGGER.info(f"{PREFIX} compare: one training step of the final model with and without checkpointing, "
                 f"imgsz={imgsz} batch={batch}, side by side...")
     try:  # each step within what the device has free: a step that does not fit is a row with fits=False
-        ours = (plan.stages, mode or "full", layers, loss or "none")
-        rows = compare_plans(copy, imgsz, batch, {"vanilla": [], name: ours}, COMPARE_ROUNDS,
+        ours = PlanSettings.of(plan.stages, mode or Mode.FULL, layers, loss or "none")
+        rows = compare_plans(copy, imgsz, batch, {"vanilla": PlanSettings(), name: ours}, COMPARE_ROUNDS,
                              amp=autocast_dtype(trainer))
     finally:
         del copy

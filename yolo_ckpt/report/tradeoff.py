@@ -44,13 +44,14 @@ from ..planning.choice import choose_plan
 from ..planning.costs import Costs, unit_costs
 from ..planning.search import candidates, no_recompute
 from ..planning.units import HEAD, Candidate, describe
+from ..regions.settings import PlanSettings
 from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
 from .plots import axes, legend_points
 
 
 def _row(c: Candidate, fit: Fit | None) -> dict:
     """A candidate's row; its ratios are filled in once vanilla's row is known (``_ratios``)."""
-    return {"plan": describe(c), **c.settings, "fits": fit is not None,
+    return {"plan": describe(c), **c.settings.keys(), "fits": fit is not None,
             "step_bytes": fit.step_bytes if fit else None, "flops": fit.flops if fit else None,
             "step_MiB": mib(fit.step_bytes) if fit else None, "peak_ratio": None, "flops_ratio": None,
             "predicted_MiB": mib(c.predicted_bytes), "predicted_s": round(c.seconds, 4)}
@@ -65,9 +66,9 @@ def _ratios(rows: list[dict]) -> None:
         r["predicted_time_ratio"] = ratio(r["predicted_s"], rows[0]["predicted_s"], 4)
 
 
-def _spec(row: dict) -> tuple:
-    """``row``'s plan as ``planned_copy``/``time_plans`` take it."""
-    return row["checkpoint_stages"], row["checkpoint_mode"], row["checkpoint_layers"] or None
+def _plan(row: dict) -> PlanSettings:
+    """``row``'s plan (its layer keys; the loss plan the model has)."""
+    return PlanSettings.from_keys({**row, "checkpoint_loss": None})
 
 
 def pareto(rows: list[dict]) -> list[dict]:
@@ -114,8 +115,8 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     with copy_for_plans(model) if unbounded else nullcontext() as install:
         for c in [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch,
                                                                  fixed), *also]:
-            fit = fitting_step(install(*c.spec), imgsz, batch, amp) if unbounded else \
-                plan_step(model, c.spec, imgsz, batch, amp)
+            fit = fitting_step(install(c.installs), imgsz, batch, amp) if unbounded else \
+                plan_step(model, c.installs, imgsz, batch, amp)
             if share:
                 measured[(*c.key, batch)] = fit.step_bytes
             rows.append(_row(c, fit))
@@ -123,7 +124,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     pareto(rows)
     front = [r for r in rows if r["pareto"]]
     timed = [*([rows[0]] if rows[0]["fits"] and not rows[0]["pareto"] else []), *front]
-    for r, s in zip(timed, time_plans(model, [_spec(r) for r in timed], imgsz, batch, max(repeats, 1), amp)):
+    for r, s in zip(timed, time_plans(model, [_plan(r) for r in timed], imgsz, batch, max(repeats, 1), amp)):
         r["step_s"] = round(s, 4)
     for r in front:
         if (t := ratio(r["step_s"], rows[0].get("step_s"))) is not None:
@@ -148,7 +149,7 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     sizes = [imgsz]
     while (half := max(sizes[-1] // 2 // stride * stride, stride)) < sizes[-1]:
         sizes.append(half)
-    with planned_copy(model, *_spec(row)) as m:
+    with planned_copy(model, _plan(row)) as m:
         static, room, points, over = state_bytes(m), device_room(m), [], None
         for s in sizes:
             if (fit := fitting_step(m, s, batch, amp)) is not None:
@@ -248,7 +249,7 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
     weights, grads = weight_bytes(model), grad_bytes(model)
     rows = [{"what": "weights", "MiB": weights}, {"what": "gradients", "MiB": grads},
             {"what": "EMA copy", "MiB": weights}, {"what": "optimizer (AdamW, 2 moments)", "MiB": 2 * grads}]
-    with planned_copy(model, "all", "full", HEAD) as least:
+    with planned_copy(model, PlanSettings.of("all", layers=HEAD)) as least:
         for n in objects:
             peak = within_device(least, lambda n=n: _loss_peak(least, imgsz, batch, n, amp))
             rows.append({"what": f"loss + assigner, {n} objects per image", "MiB": peak})

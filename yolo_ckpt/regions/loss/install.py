@@ -57,7 +57,7 @@ from typing import Any
 
 from torch import nn
 
-from ..regions.spec import CheckpointConfigError
+from ..spec import CheckpointConfigError
 from .assignment import _assign_per_image, _pair_overlaps_by_objects
 from .depth import ChunkedDepthLoss
 from .segmentation import _scores_masks, _segmentation_loss

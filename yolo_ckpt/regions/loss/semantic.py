@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..regions.recompute import checkpoint_region
+from ..recompute import checkpoint_region
 
 CHUNK_PIXELS = 2**22
 """``chunked``: classes times full-resolution pixels per block of the semantic loss (16 MiB per fp32 block of

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..regions.recompute import checkpoint_region
+from ..recompute import checkpoint_region
 
 CHUNK_ROWS_PIXELS = 2**22
 """``chunked``: foreground rows times mask pixels per chunk of the mask loss (16 MiB per ``rows x h x w`` fp32

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..regions.recompute import checkpoint_region
+from ..recompute import checkpoint_region
 
 CHUNK_DEPTH_PIXELS = 2**18
 """``chunked``: full-resolution pixels per block of the depth loss (1 MiB per fp32 map of a block: 256 rows of a
