@@ -147,7 +147,7 @@ def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dic
 
 def _predict_rtdetr(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dict[int, _Wiring], x, profile=False,
                     batch=None, augment=False, embed=None):
-    """``RTDETRDetectionModel.predict`` (8.4.190: Ultralytics' loop over all layers but the head, then
+    """``RTDETRDetectionModel.predict`` (Ultralytics' loop over all layers but the head, then
     ``head([y[j] for j in head.f], batch)``) with each plan region recomputed in backward."""
     if profile or embed or not _training(model):
         return type(model).predict(model, x, profile, batch, augment, embed)
