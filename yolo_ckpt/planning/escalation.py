@@ -1,6 +1,6 @@
 """Out of memory in the first epoch: recompute more at the same batch before Ultralytics halves it.
 
-Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) halves the batch on any out-of-memory error and
+Ultralytics' first-epoch retry (``BaseTrainer._do_train``) halves the batch on any out-of-memory error and
 restarts the epoch. A run that checkpoints can usually keep its batch by recomputing more instead: ``next_plan``
 finds the cheapest plan predicted to keep less than the one that failed and measures it at the same batch on a copy,
 within what the device has free once the failed step is released, less what the restarted epoch needs beside the
