@@ -63,7 +63,7 @@ def auto_batch(trainer: Any) -> int:
     """AutoBatch for the checkpointed model, and what the same memory gives without checkpointing
     (``trainer.autobatch_without``).
 
-    It gathers the same dataset facts as Ultralytics' ``DetectionTrainer.auto_batch`` (8.4.190): the most labels in
+    It gathers the same dataset facts as Ultralytics' ``DetectionTrainer.auto_batch``: the most labels in
     one image, x4 for mosaic, and the number of training images. Both batches are measured on copies of the model.
     Without ``memory_budget``, a CUDA device gets Ultralytics' own AutoBatch (on the checkpointed model) and a
     simulated device is planned for its size; any other device keeps Ultralytics' default batch.
@@ -184,7 +184,7 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
     enable_checkpointing(model, CheckpointPlan.from_spec(model, trainer.args.checkpoint_stages,
                                                          trainer.args.checkpoint_layers), trainer.args.checkpoint_mode)
     if "checkpoint_loss" in decision["settings"]:  # auto weighed the loss: its choice replaces the run's, also on
-        # the EMA the validator computes its losses with (a fixed batch plans after Ultralytics made it, 8.4.190)
+        # the EMA the validator computes its losses with (a fixed batch plans after Ultralytics made it)
         for m in (model, getattr(getattr(trainer, "ema", None), "ema", None)):
             if m is not None:
                 enable_loss_checkpointing(m, trainer.args.checkpoint_loss)
@@ -205,7 +205,7 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
     trainer.memory_target = int(fraction * budget)
     # DDP's gradient buckets: Ultralytics wraps the model in DistributedDataParallel with its default
-    # gradient_as_bucket_view=False (8.4.190), which keeps a flat copy of every gradient beside the gradients
+    # gradient_as_bucket_view=False, which keeps a flat copy of every gradient beside the gradients
     # (tests/test_ddp.py: without this the two-rank epoch on a simulated device passes auto's share). AutoBatch is
     # single-process, so only a fixed batch meets them here.
     buckets = grad_bytes(model) if trainer.world_size > 1 else 0

@@ -63,7 +63,7 @@ def escalation_point(trainer: Any) -> None:
     model = unwrap_model(trainer.model)
     if state.escalate:
         state.escalate = False
-        # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private, 8.4.190) and, being
+        # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private) and, being
         # non-zero, it restarted the epoch (that decision is behind us now); give it back, so that the halvings left
         # are vanilla's. Escalation ends: each plan keeps less than the last, and the one that keeps least halves.
         trainer._oom_retries -= 1
