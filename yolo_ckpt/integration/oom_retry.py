@@ -121,8 +121,8 @@ def escalate_plan(trainer: Any) -> None:
 def replan_validation(trainer: Any, model: nn.Module, step: int | None) -> None:
     """After an escalation, the validator's batch for the device that ran out: Ultralytics validates at twice the
     batch that escalation kept (the halving it replaced would have halved that too), and on a device nothing planned
-    for (no ``memory_target``), or one that held less than it said, that validation ran out where training fit
-    (``benchmarks/gpu_check.py``'s escalation at 192 px, 2026-12-04). Planned as ``auto`` plans it, within the
+    for (no ``memory_target``), or one that held less than it said, that validation can run out where training fits
+    (``benchmarks/gpu_check.py``'s escalation at 192 px). Planned as ``auto`` plans it, within the
     device's usable memory (and the run's target, if any); ``step``: the escalated plan's measured step, if any."""
     dev = device_memory(trainer.device)
     if dev is None:  # nothing bounds validation

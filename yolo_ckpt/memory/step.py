@@ -297,8 +297,9 @@ def copy_for_plans(model: nn.Module) -> Iterator[Callable[..., nn.Module]]:
     arguments) puts a plan on it and returns it, its loss built afresh at its next step, so that each step measures as
     the first step of a fresh ``planned_copy`` does; afterwards the copy is freed as ``planned_copy`` frees it.
 
-    A deep copy per plan was a third of measuring every candidate plan (``tradeoff.measure_candidates``). The copy's
-    BatchNorm statistics move from step to step; no step's bytes, FLOPs or time depend on them.
+    One copy for all plans: measuring every candidate plan (``tradeoff.measure_candidates``) would otherwise deep-copy
+    the model once per plan. The copy's BatchNorm statistics move from step to step; no step's bytes, FLOPs or time
+    depend on them.
 
     Examples:
         >>> with copy_for_plans(build_model("yolo11n.yaml")) as install:
