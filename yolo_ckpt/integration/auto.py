@@ -209,7 +209,7 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     # (tests/test_ddp.py: without this the two-rank epoch on a simulated device passes auto's share). AutoBatch is
     # single-process, so only a fixed batch meets them here.
     buckets = grad_bytes(model) if trainer.world_size > 1 else 0
-    # The loop's other batches (step.loop_bytes): without them a plan measured right at a 0.4x share trained 1.2 MB
+    # The loop's other batches (step.loop_bytes): without them a plan measured right at a 0.4x share trains 1.2 MB
     # past it (tests/test_device.py). A fixed batch's plan is chosen for the share less them; AutoBatch counts them
     # at every batch it weighs (choice.choose_plan_and_batch), so here they are per image.
     loop = loop_bytes(model, imgsz, batch or 1, objects)

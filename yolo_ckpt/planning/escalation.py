@@ -122,7 +122,7 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
     elif units == ():
         current = fixed + costs.predict((), "full", batch)[0]
     else:  # a plan outside the units (layer lists, parts): its own step at the batch, measured as candidates are
-        # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px put a
+        # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px puts a
         # plan of parts above stage 1 alone, which keeps more)
         with planned_copy(model, settings.get("checkpoint_stages"), settings.get("checkpoint_mode") or "full",
                           settings.get("checkpoint_layers") or None) as m:
@@ -132,7 +132,7 @@ def next_plan(model: nn.Module, settings: dict[str, Any], imgsz: int, batch: int
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
         got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
         # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
-        # auto wrote it as a per-unit plan, was chosen again)
+        # auto wrote it as a per-unit plan, would be chosen again)
         if got is not None and (not measured or got < current):
             return c.settings, got
     return least_keeping(costs, batch, fixed).settings, None
