@@ -3,6 +3,38 @@
 yolo-ckpt extends Ultralytics' trainers through their hooks and a few private points (``_predict_once``,
 ``_build_train_pipeline``, the first-epoch out-of-memory retry and its ``_oom_retries``), so it names the releases
 whose code it was checked against instead of failing somewhere inside a training run.
+
+Where yolo-ckpt touches Ultralytics' private code, one module of ours for each; every such place was read in
+``ULTRALYTICS_CHECKED``, so the modules name no release of their own:
+
+- the layer loop, shadowed on the model's instance: ``BaseModel._predict_once``, ``RTDETRDetectionModel.predict``
+  -> ``yolo_ckpt/regions/install.py``
+- the first-epoch out-of-memory retry of ``BaseTrainer._do_train``, joined where it rebuilds the loaders:
+  ``BaseTrainer._build_train_pipeline`` (overridden) -> ``yolo_ckpt/integration/trainer.py``
+- that retry's count, one retry given back after an escalation: ``BaseTrainer._oom_retries``
+  -> ``yolo_ckpt/integration/oom_retry.py``
+- the errors that retry counts as out of memory (``CUDA_MEMORY_ERRORS``) -> ``yolo_ckpt/memory/device.py``
+- the mask loss loop, re-implemented: ``v8SegmentationLoss.calculate_segmentation_loss``
+  -> ``yolo_ckpt/loss/segmentation.py``
+- assignment, re-implemented: ``TaskAlignedAssigner._forward`` (shadowed) and ``forward``'s per-image loop,
+  ``SegTaskAlignedAssigner.pair_overlaps`` -> ``yolo_ckpt/loss/assignment.py``
+- the semantic loss, re-implemented: ``SemanticSegmentationLoss.forward`` and its ``_ce_loss``
+  -> ``yolo_ckpt/loss/semantic.py``
+- the depth loss, re-implemented: ``DepthLoss26.__call__`` -> ``yolo_ckpt/loss/depth.py`` (these four shadowed on
+  the criterion's instance by ``yolo_ckpt/loss/install.py``)
+- the DDP launcher: the world size ``BaseTrainer.__init__`` derives from ``device=``, ``_setup_ddp`` (replaced under
+  torchrun), ``_setup_train``'s ``DistributedDataParallel`` wrap (swapped on a CPU process group), the launcher's
+  workers inheriting the environment -> ``yolo_ckpt/integration/distributed.py``
+- the validator's module globals ``get_torch_device_backend`` and ``AutoBackend`` (``ultralytics.engine.validator``),
+  patched for a CPU process group's final validation -> ``yolo_ckpt/integration/distributed.py``
+- ``check_font``'s lookup (config dir, matplotlib's fonts, then a download even offline)
+  -> ``yolo_ckpt/integration/offline.py``
+- the AMP and ``channels_last`` choice of ``BaseTrainer._setup_train`` and the train loop
+  -> ``yolo_ckpt/integration/cli.py`` (``training_formats``)
+- the train loop's autocast dtype -> ``yolo_ckpt/report/summary.py`` (``autocast_dtype``)
+
+Public behaviour that a module reproduces and says it does "as Ultralytics" (``device=`` spellings, AutoBatch's
+dataset facts, the validator's batch and padding, the model class a name picks) was read in the same release.
 """
 
 import ultralytics

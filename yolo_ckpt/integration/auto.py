@@ -65,7 +65,7 @@ def auto_batch(trainer: Any) -> int:
     """AutoBatch for the checkpointed model, and what the same memory gives without checkpointing
     (``trainer.autobatch_without``).
 
-    It gathers the same dataset facts as Ultralytics' ``DetectionTrainer.auto_batch`` (8.4.190): the most labels in
+    It gathers the same dataset facts as Ultralytics' ``DetectionTrainer.auto_batch``: the most labels in
     one image, x4 for mosaic, and the number of training images. Both batches are measured on copies of the model.
     Without ``memory_budget``, a CUDA device gets Ultralytics' own AutoBatch (on the checkpointed model) and a
     simulated device is planned for its size; any other device keeps Ultralytics' default batch.
@@ -185,7 +185,7 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
     record_settings(trainer)
     settings_of(trainer).install(model)
     if "checkpoint_loss" in decision["settings"]:  # auto weighed the loss: its choice replaces the run's, also on
-        # the EMA the validator computes its losses with (a fixed batch plans after Ultralytics made it, 8.4.190)
+        # the EMA the validator computes its losses with (a fixed batch plans after Ultralytics made it)
         for m in (model, getattr(getattr(trainer, "ema", None), "ema", None)):
             if m is not None:
                 enable_loss_checkpointing(m, trainer.args.checkpoint_loss)
@@ -206,11 +206,11 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
     trainer.memory_target = int(fraction * budget)
     # DDP's gradient buckets: Ultralytics wraps the model in DistributedDataParallel with its default
-    # gradient_as_bucket_view=False (8.4.190), which keeps a flat copy of every gradient beside the gradients
+    # gradient_as_bucket_view=False, which keeps a flat copy of every gradient beside the gradients
     # (tests/test_ddp.py: without this the two-rank epoch on a simulated device passes auto's share). AutoBatch is
     # single-process, so only a fixed batch meets them here.
     buckets = grad_bytes(model) if trainer.world_size > 1 else 0
-    # The loop's other batches (step.loop_bytes): without them a plan measured right at a 0.4x share trained 1.2 MB
+    # The loop's other batches (step.loop_bytes): without them a plan measured right at a 0.4x share trains 1.2 MB
     # past it (tests/test_device.py). A fixed batch's plan is chosen for the share less them; AutoBatch counts them
     # at every batch it weighs (choice.choose_plan_and_batch), so here they are per image.
     loop = loop_bytes(model, imgsz, batch or 1, objects)

@@ -62,7 +62,7 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
                            "allocator would give it (512-byte blocks, large segments rounded to 2 MiB)",
                            "simulate_allocator=True"),
 }
-HELP_WORDS = {"help", "h"}  # as Ultralytics' entrypoint: help, h, -h, --help, ... (8.4.190)
+HELP_WORDS = {"help", "h"}  # as Ultralytics' entrypoint: help, h, -h, --help, ...
 VERSION_WORDS = {"version", "v"}
 
 
@@ -101,7 +101,7 @@ def help_text() -> str:
 
 
 def versions() -> str:
-    """``yolo-ckpt 0.1.0``, ``ultralytics 8.4.190`` and ``torch ...``, one per line."""
+    """``yolo-ckpt ...``, ``ultralytics ...`` and ``torch ...``: the installed versions, one per line."""
     import torch
     import ultralytics
 
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
-    """``(autocast dtype or None, channels_last)`` as Ultralytics' trainer picks them (8.4.190, ``_setup_train`` and the
+    """``(autocast dtype or None, channels_last)`` as Ultralytics' trainer picks them (``_setup_train`` and the
     train loop): AMP and channels_last on CUDA only, ``amp=bf16`` as bfloat16, ``channels_last=None`` meaning on
     (but on Windows)."""
     import torch

@@ -1,7 +1,7 @@
 """Training started by torch's own launcher (``torchrun``: the elastic agent SLURM and Kubernetes jobs run), any
 number of nodes, CUDA (NCCL) or CPU (gloo).
 
-Ultralytics 8.4.190 starts its own single-node launcher from ``device=0,1,...`` and derives the world size from that
+Ultralytics starts its own single-node launcher from ``device=0,1,...`` and derives the world size from that
 list; a process that ``torchrun`` started (``LOCAL_RANK`` set) runs ``_do_train`` itself, but ``_setup_ddp`` then
 initialises a process group of the *local* device count with the *global* ``RANK`` (wrong on several nodes), pins the
 device by the local list and forces CUDA. ``DistributedMixin`` reads the launcher's environment instead:
@@ -82,7 +82,7 @@ class Launch:
 
 
 def ultralytics_world(device: str) -> int:
-    """The world size Ultralytics' trainer derives from ``device=`` (8.4.190 ``BaseTrainer.__init__``): 0 on CPU/MPS,
+    """The world size Ultralytics' trainer derives from ``device=`` (``BaseTrainer.__init__``): 0 on CPU/MPS,
     else the number of listed devices (1 when none is given)."""
     backend, indices = parse_device(device)
     return 0 if backend in {"cpu", "mps"} else max(len(indices), 1)
@@ -209,7 +209,7 @@ def swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
 def cpu_ddp_wrap() -> Iterator[None]:
     """While Ultralytics' ``_setup_train`` runs on a CPU process group, its DDP wrap builds the CPU DDP.
 
-    Private, checked against ultralytics 8.4.190: ``_setup_train`` wraps with
+    Private, checked against ``versions.ULTRALYTICS_CHECKED``: ``_setup_train`` wraps with
     ``nn.parallel.DistributedDataParallel(self.model, device_ids=[self.device.index], ...)``, looked up on
     ``torch.nn.parallel`` at the call; torch rejects any ``device_ids`` for a CPU module. Nothing else is wrapped there.
     """
@@ -221,7 +221,8 @@ def cpu_ddp_wrap() -> Iterator[None]:
 def cpu_final_validation() -> Iterator[None]:
     """While Ultralytics' ``final_eval`` runs on a CPU process group: its validator loads the best weights on the CPU.
 
-    Private, checked against ultralytics 8.4.190: ``BaseValidator.__call__`` (``ultralytics.engine.validator``) puts a
+    Private, checked against ``versions.ULTRALYTICS_CHECKED``: ``BaseValidator.__call__``
+    (``ultralytics.engine.validator``) puts a
     DDP rank's standalone validation on ``torch.device("cuda", get_torch_device_backend("cuda").current_device())``;
     the two names are redirected to the CPU for this call (validation during training uses the trainer's device).
     """

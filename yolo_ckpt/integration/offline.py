@@ -1,6 +1,6 @@
 """``YOLO_OFFLINE=1`` without a network call: give Ultralytics its plotting fonts locally.
 
-Ultralytics 8.4.190 (``ultralytics/utils/checks.py`` ``check_font``, called by ``check_det_dataset`` in every train
+Ultralytics (``ultralytics/utils/checks.py`` ``check_font``, called by ``check_det_dataset`` in every train
 and val run, and by the ``Annotator`` of plots) looks for ``Arial.ttf`` (``Arial.Unicode.ttf`` for non-ASCII class
 names) in its config dir (``USER_CONFIG_DIR``, ``$YOLO_CONFIG_DIR``), then in matplotlib's list of system fonts, and
 otherwise sends a HEAD request to GitHub for it — also when ``YOLO_OFFLINE=1``, whose flag only stops the ``is_online``
@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-FONTS = ("Arial.ttf", "Arial.Unicode.ttf")  # the names check_font asks for (8.4.190)
+FONTS = ("Arial.ttf", "Arial.Unicode.ttf")  # the names check_font asks for
 FONT_DIR = Path.home() / ".cache" / "yolo_ckpt" / "fonts"
 
 

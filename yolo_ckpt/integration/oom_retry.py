@@ -64,7 +64,7 @@ def escalation_point(trainer: Any) -> None:
     model = unwrap_model(trainer.model)
     if state.escalate:
         state.escalate = False
-        # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private, 8.4.190) and, being
+        # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private) and, being
         # non-zero, it restarted the epoch (that decision is behind us now); give it back, so that the halvings left
         # are vanilla's. Escalation ends: each plan keeps less than the last, and the one that keeps least halves.
         trainer._oom_retries -= 1
@@ -122,8 +122,8 @@ def escalate_plan(trainer: Any) -> None:
 def replan_validation(trainer: Any, model: nn.Module, step: int | None) -> None:
     """After an escalation, the validator's batch for the device that ran out: Ultralytics validates at twice the
     batch that escalation kept (the halving it replaced would have halved that too), and on a device nothing planned
-    for (no ``memory_target``), or one that held less than it said, that validation ran out where training fit
-    (``benchmarks/gpu_check.py``'s escalation at 192 px, 2026-12-04). Planned as ``auto`` plans it, within the
+    for (no ``memory_target``), or one that held less than it said, that validation can run out where training fits
+    (``benchmarks/gpu_check.py``'s escalation at 192 px). Planned as ``auto`` plans it, within the
     device's usable memory (and the run's target, if any); ``step``: the escalated plan's measured step, if any."""
     dev = device_memory(trainer.device)
     if dev is None:  # nothing bounds validation

@@ -126,7 +126,7 @@ def objects(trainer: Any) -> int:
 
 def dataset_facts(trainer: Any) -> tuple[int, int]:
     """The most labels in one image x4 (mosaic) and the number of training images, as Ultralytics'
-    ``DetectionTrainer.auto_batch`` gathers them (8.4.190)."""
+    ``DetectionTrainer.auto_batch`` gathers them."""
     with override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
         dataset = trainer.build_dataset(trainer.data["train"], mode="train", batch=16)
     labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]

@@ -76,13 +76,13 @@ def trains_on_cuda(device: Any) -> bool:
     """Whether Ultralytics' ``select_device`` puts a run with ``device=`` on CUDA (the training device decides, not
     whether the machine has CUDA): nothing given when CUDA is available; ``cuda``, ``cuda:N``, indices (``0``,
     ``0,1``, ``[0, 1]``, ``-1`` for an idle GPU) always; ``cpu``, ``mps``, ``npu``, ``xpu`` and every other backend
-    never (the same spellings ``ultralytics.utils.torch_utils.parse_device`` reads, 8.4.190, without its GPU
+    never (the same spellings ``ultralytics.utils.torch_utils.parse_device`` reads, without its GPU
     queries)."""
     backend, _ = parse_device(device)
     return torch.cuda.is_available() if backend == "" else backend == "cuda"
 
 
-# Ultralytics head modules and the task each trains (8.4.190), most specific first: Segment, Pose and OBB subclass
+# Ultralytics head modules and the task each trains, most specific first: Segment, Pose and OBB subclass
 # Detect; YOLOESegment subclasses YOLOEDetect, not Segment.
 HEAD_TASKS = (("SemanticSegment", "semantic"), ("Segment", "segment"), ("YOLOESegment", "segment"), ("Pose", "pose"),
               ("OBB", "obb"), ("Depth", "depth"), ("Classify", "classify"), ("Detect", "detect"),

@@ -324,7 +324,7 @@ class CheckpointMixin(DistributedMixin):
         batch when a plan that keeps less exists (``oom_retry.hold_batch``; ``escalation_point`` installs it when
         the epoch restarts).
 
-        Private hook, checked against ultralytics 8.4.190: ``BaseTrainer._do_train`` halves ``batch`` on an
+        Private hook, checked against ``versions.ULTRALYTICS_CHECKED``: ``BaseTrainer._do_train`` halves ``batch`` on an
         out-of-memory error and calls this method before restarting the epoch; nothing public runs in between, and
         the loaders must be built at the batch that will train. Ultralytics' "Reducing to batch=..." warning is
         printed before this runs.
@@ -405,7 +405,7 @@ class YOLO(ultralytics.YOLO):
 
     def __init__(self, model: Any = "yolo26n.pt", task: str | None = None, verbose: bool = False):
         """Load like ``ultralytics.YOLO``; a checkpoint whose head is RT-DETR's becomes our ``RTDETR``, as
-        Ultralytics turns it into its own (by swapping ``__class__`` in ``YOLO.__init__``, 8.4.190)."""
+        Ultralytics turns it into its own (by swapping ``__class__`` in ``YOLO.__init__``)."""
         super().__init__(model, task=task, verbose=verbose)
         if type(self) is ultralytics.RTDETR:
             self.__class__ = RTDETR

@@ -19,8 +19,7 @@ VAL_AT_TRAINING_BATCH = {"obb", "semantic", "depth"}  # validated at the trainin
 
 def val_facts(trainer: Any) -> tuple[int, int]:
     """``(objects, images)`` of the validation set: the most labelled objects in one image (no mosaic there), which
-    validation measures, and the number of images, the most Ultralytics' loader batches (``build_dataloader``,
-    8.4.190)."""
+    validation measures, and the number of images, the most Ultralytics' loader batches (``build_dataloader``)."""
     dataset = getattr(getattr(trainer, "test_loader", None), "dataset", None)
     if dataset is None:  # AutoBatch runs before Ultralytics builds the loaders
         with python_random_kept(), override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
@@ -32,7 +31,7 @@ def val_facts(trainer: Any) -> tuple[int, int]:
 
 def validation_imgsz(trainer: Any) -> int:
     """The longest side of the validator's images. Ultralytics validates rectangular batches padded by half a stride
-    (``build_yolo_dataset(..., pad=0.5)`` for mode "val", ``ultralytics/data/build.py``, 8.4.190): at most
+    (``build_yolo_dataset(..., pad=0.5)`` for mode "val", ``ultralytics/data/build.py``): at most
     ``ceil(imgsz / stride + 0.5) * stride``, 192 for ``imgsz=160`` at stride 32, 672 for 640. Semantic segmentation
     validates without the pad and depth at ``imgsz`` squares (the same function); classification ``imgsz`` crops."""
     stride = int(trainer.stride)

@@ -252,7 +252,7 @@ class DeviceMemory:
 
 
 def parse_device(device: Any) -> tuple[str, list[int]]:
-    """``device=`` as Ultralytics reads it (``select_device``/``parse_device``, 8.4.190, without their GPU queries):
+    """``device=`` as Ultralytics reads it (``select_device``/``parse_device``, without their GPU queries):
     ``(backend, CUDA indices)``. The backend is ``""`` when nothing is given (CUDA where available), ``"cuda"`` for
     ``cuda``, ``cuda:N`` and index lists (``0``, ``0,1``, ``[0, 1]``, ``-1`` for an idle GPU), else the backend's
     name (``cpu``, ``mps``, ``npu``, ``xpu``, ...); the indices are those listed.
@@ -321,7 +321,7 @@ def device_memory(device: torch.device | str | None) -> DeviceMemory | None:
 
 CUDA_MEMORY_ERRORS = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_INTERNAL_ERROR", "unable to find an engine")
 """Besides "out of memory": what cuBLAS and cuDNN raise when they cannot allocate their workspaces, which
-Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) treats as memory errors too."""
+Ultralytics' first-epoch retry (``BaseTrainer._do_train``) treats as memory errors too."""
 
 
 def is_oom(e: BaseException) -> bool:

@@ -113,7 +113,7 @@ def batch_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS
 
 def loop_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> int:
     """Bytes of batches Ultralytics' training loop holds during a step beside the one the step trains on: the
-    loader's uint8 images, and at every second step's start the previous batch (ultralytics 8.4.190, measured on a
+    loader's uint8 images, and at every second step's start the previous batch (measured on a
     simulated device: vanilla's loop alternates by exactly one batch, and ``gc.collect()`` does not free it).
 
     The loader's images live in host memory: they count where the model trains on the CPU (a simulated device counts
@@ -289,9 +289,9 @@ def copy_for_plans(model: nn.Module) -> Iterator[Callable[[PlanSettings], nn.Mod
     built afresh at its next step, so that each step measures as the first step of a fresh ``planned_copy`` does;
     afterwards the copy is freed as ``planned_copy`` frees it.
 
-    One copy rather than one per plan: a deep copy costs as much as a step of a small model, once per candidate plan
-    (``tradeoff.measure_candidates``). The copy's BatchNorm statistics move from step to step; no step's bytes, FLOPs
-    or time depend on them.
+    One copy for all plans: measuring every candidate plan (``tradeoff.measure_candidates``) would otherwise deep-copy
+    the model once per plan. The copy's BatchNorm statistics move from step to step; no step's bytes, FLOPs or time
+    depend on them.
 
     Examples:
         >>> with copy_for_plans(build_model("yolo11n.yaml")) as install:
@@ -313,7 +313,7 @@ def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OB
                      limit: int | None = None) -> int:
     """Memory of one validation batch as planning counts it, measured on a plain copy of ``model``.
 
-    What Ultralytics' validator runs during training (``BaseValidator.__call__``, 8.4.190): the EMA model in eval
+    What Ultralytics' validator runs during training (``BaseValidator.__call__``): the EMA model in eval
     mode without gradients, the batch's images in half precision under fp16 autocast where it trains on CUDA with AMP
     (``half``), its forward and the loss of its predictions. Counted like a step: model state (weights, EMA, two
     optimizer moments; the gradients were set to ``None`` by the last optimizer step), a second copy of the weights

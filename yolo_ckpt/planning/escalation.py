@@ -1,6 +1,6 @@
 """Out of memory in the first epoch: recompute more at the same batch before Ultralytics halves it.
 
-Ultralytics' first-epoch retry (``BaseTrainer._do_train``, 8.4.190) halves the batch on any out-of-memory error and
+Ultralytics' first-epoch retry (``BaseTrainer._do_train``) halves the batch on any out-of-memory error and
 restarts the epoch. A run that checkpoints can usually keep its batch by recomputing more instead: ``next_plan``
 finds the cheapest plan predicted to keep less than the one that failed and measures it at the same batch on a copy,
 within what the device has free once the failed step is released, less what the restarted epoch needs beside the
@@ -117,7 +117,7 @@ def next_plan(model: nn.Module, settings: PlanSettings, imgsz: int, batch: int, 
     elif units == ():
         current = fixed + costs.predict((), "full", batch)[0]
     else:  # a plan outside the units (layer lists, parts): its own step at the batch, measured as candidates are
-        # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px put a
+        # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px puts a
         # plan of parts above stage 1 alone, which keeps more)
         with planned_copy(model, settings) as m:
             got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
@@ -126,7 +126,7 @@ def next_plan(model: nn.Module, settings: PlanSettings, imgsz: int, batch: int, 
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
         got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
         # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
-        # auto wrote it as a per-unit plan, was chosen again)
+        # auto wrote it as a per-unit plan, would be chosen again)
         if got is not None and (not measured or got < current):
             return c.settings, got
     return least_keeping(costs, batch, fixed).settings, None

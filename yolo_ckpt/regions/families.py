@@ -1,6 +1,6 @@
 """Which Ultralytics model class a model argument needs, and the model families yolo-ckpt cannot train.
 
-``yolo train`` picks the model class from the model's name (``ultralytics.cfg.entrypoint``, 8.4.190): ``rtdetr`` in
+``yolo train`` picks the model class from the model's name (``ultralytics.cfg.entrypoint``): ``rtdetr`` in
 the file stem gives ``ultralytics.RTDETR``, anything else ``ultralytics.YOLO`` (which itself turns ``*-world*.yaml``
 into ``YOLOWorld``, ``yoloe*.yaml`` into ``YOLOE``, and checkpoints into the class of the model they hold).
 ``yolo-ckpt train`` follows the same rule, so every name means the same model as in ``yolo``.
@@ -9,7 +9,7 @@ YOLO-World and YOLOE are rejected with one line before any work (``check_support
 embeddings through the layers in a loop of its own (``WorldModel.predict``, ``YOLOEModel.predict``), which yolo-ckpt
 does not checkpoint (``yolo_ckpt.regions.install``), and their training loads a text encoder that is a download
 (the ``clip`` package from GitHub, which ``ultralytics.nn.text_model`` imports or pip-installs, and CLIP ViT-B/32 or
-MobileCLIP weights). Checked in 8.4.190, trainer by trainer:
+MobileCLIP weights). Checked in ``versions.ULTRALYTICS_CHECKED``, trainer by trainer:
 
 - ``WorldTrainer``/``WorldTrainerFromScratch``: ``on_pretrain_routine_end`` sets the EMA's classes with
   ``get_text_pe`` (CLIP) before the first epoch, whether or not a ``text_embeddings_*.pt`` cache exists;
@@ -37,14 +37,14 @@ DEFAULT_MODELS = {  # each task's model when none is given; built from YAML: not
     # yolo26n.pt)
     "detect": "yolo11n.yaml",
     "segment": "yolo11n-seg.yaml",
-    "semantic": "yolo26n-sem.yaml",  # no yolo11 semantic or depth YAML ships with Ultralytics 8.4.190
+    "semantic": "yolo26n-sem.yaml",  # no yolo11 semantic or depth YAML ships with Ultralytics
     "depth": "yolo26n-depth.yaml",
     "pose": "yolo11n-pose.yaml",
     "obb": "yolo11n-obb.yaml",
     "classify": "yolo11n-cls.yaml",
 }
 
-TEXT_ENCODERS = {  # the model class Ultralytics builds -> what its training loads (8.4.190)
+TEXT_ENCODERS = {  # the model class Ultralytics builds -> what its training loads
     "WorldModel": ("YOLO-World", "the CLIP ViT-B/32 text encoder (the `clip` package from GitHub and its weights), "
                                  "loaded to set the class embeddings before the first epoch"),
     "YOLOEModel": ("YOLOE", "the MobileCLIP text encoder (the `clip` package from GitHub and mobileclip_blt.ts), "
@@ -62,7 +62,7 @@ def ultralytics_class(model: Any) -> type[ultralytics.YOLO] | type[ultralytics.R
 
 def task_model_name(model: Any) -> str | None:
     """The class name of the task model Ultralytics builds for a model argument, where the name alone tells
-    (``ultralytics.YOLO.__init__``, 8.4.190: ``-world`` in a YAML stem means ``WorldModel``, ``yoloe`` ``YOLOEModel``);
+    (``ultralytics.YOLO.__init__``: ``-world`` in a YAML stem means ``WorldModel``, ``yoloe`` ``YOLOEModel``);
     a built model or a checkpoint's model by its class (YOLOE segmentation models subclass ``YOLOEModel``)."""
     from torch import nn
     from ultralytics.nn.tasks import WorldModel, YOLOEModel

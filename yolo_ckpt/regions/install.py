@@ -1,7 +1,8 @@
 """Plug a ``CheckpointPlan`` into a built Ultralytics model, and take it out again.
 
-This is the one place that touches Ultralytics internals. ``BaseModel._predict_once`` (ultralytics 8.4.190,
-``ultralytics/nn/tasks.py``) is the layer loop every YOLO task model runs; ``RTDETRDetectionModel.predict`` is
+This is the one place that touches the entry points of Ultralytics' layer loop (every place of ours that touches
+Ultralytics' private code is listed in ``yolo_ckpt/versions.py``). ``BaseModel._predict_once``
+(``ultralytics/nn/tasks.py``) is the layer loop every YOLO task model runs; ``RTDETRDetectionModel.predict`` is
 RT-DETR's (its head also takes the training targets). ``enable_checkpointing`` shadows that method on the *instance*
 — the way Ultralytics' own ``fuse()`` swaps ``forward`` on layer instances — with the same loop in which each
 region's layers run inside one checkpoint. Nothing is wrapped, so state_dict keys, ``m.type``/``m.f``/``m.i`` and
@@ -147,7 +148,7 @@ def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dic
 
 def _predict_rtdetr(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dict[int, _Wiring], x, profile=False,
                     batch=None, augment=False, embed=None):
-    """``RTDETRDetectionModel.predict`` (8.4.190: Ultralytics' loop over all layers but the head, then
+    """``RTDETRDetectionModel.predict`` (Ultralytics' loop over all layers but the head, then
     ``head([y[j] for j in head.f], batch)``) with each plan region recomputed in backward."""
     if profile or embed or not _training(model):
         return type(model).predict(model, x, profile, batch, augment, embed)

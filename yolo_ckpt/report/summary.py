@@ -33,7 +33,7 @@ COMPARE_ROUNDS = 3  # timed rounds of the two steps (median): a figure reported 
 
 
 def autocast_dtype(trainer: Any) -> torch.dtype | None:
-    """The autocast dtype of the trainer's forward, as Ultralytics' train loop picks it (8.4.190), ``None`` for fp32."""
+    """The autocast dtype of the trainer's forward, as Ultralytics' train loop picks it, ``None`` for fp32."""
     return torch.bfloat16 if trainer.args.amp == "bf16" else torch.float16 if trainer.amp else None
 
 

@@ -111,7 +111,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     rows: list[dict] = []
     unbounded = device_memory(next(model.parameters()).device) is None
     # without a device limit one copy, each plan installed in turn; on a device a copy per plan, freed with whatever
-    # a step that ran out left on it (one shared copy passed a simulated device's limit: tests/test_tradeoff.py)
+    # a step that ran out left on it (one shared copy would pass a simulated device's limit: tests/test_tradeoff.py)
     with copy_for_plans(model) if unbounded else nullcontext() as install:
         for c in [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch,
                                                                  fixed), *also]:

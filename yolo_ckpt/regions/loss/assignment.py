@@ -17,7 +17,7 @@ batch (its decode takes at least one image's candidate anchors at once)."""
 def _assign_per_image(assigner: nn.Module, pd_scores: torch.Tensor, pd_bboxes: torch.Tensor,
                       anc_points: torch.Tensor, gt_labels: torch.Tensor, gt_bboxes: torch.Tensor,
                       mask_gt: torch.Tensor, **extra: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``TaskAlignedAssigner._forward`` as its ``forward`` runs it after an out-of-memory error (8.4.190): one image
+    """``TaskAlignedAssigner._forward`` as its ``forward`` runs it after an out-of-memory error: one image
     at a time, each with its objects up to its last valid one, the results written into batch-sized outputs.
 
     Shadowing ``_forward`` (not ``forward``) keeps what ``forward`` does first, on every assigner: no objects at all,
@@ -47,7 +47,7 @@ def _assign_per_image(assigner: nn.Module, pd_scores: torch.Tensor, pd_bboxes: t
 
 def _pair_overlaps_by_objects(assigner: nn.Module, indices: tuple[torch.Tensor, ...], gt_bboxes: torch.Tensor,
                               pd_bboxes: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
-    """``SegTaskAlignedAssigner.pair_overlaps`` (8.4.190) run on groups of objects (``CHUNK_MASK_IOU_PIXELS``), each
+    """``SegTaskAlignedAssigner.pair_overlaps`` run on groups of objects (``CHUNK_MASK_IOU_PIXELS``), each
     group as if its objects were the image's only ones, the overlaps written back in the pairs' order.
 
     Every quantity of a pair is its object's alone (the box IoU, the object's ``3 * topk`` best anchors, their

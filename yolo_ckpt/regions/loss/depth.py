@@ -18,7 +18,7 @@ the image's area."""
 
 def _upsampled_rows(pred: torch.Tensor, a: int, e: int, size: tuple[int, int]) -> torch.Tensor:
     """Rows ``a:e`` of ``pred`` (``1 x 1 x h x w``) upsampled to ``size`` as ``F.interpolate(..., mode="bilinear",
-    align_corners=True)`` does (``DepthLoss26``, 8.4.190): torch's bilinear ``grid_sample`` at those rows' source
+    align_corners=True)`` does (``DepthLoss26``): torch's bilinear ``grid_sample`` at those rows' source
     points, which reads only the input rows they need; equal up to float rounding (the points are normalised)."""
     (h, w), (big_h, big_w) = pred.shape[-2:], size
     if (h, w) == (big_h, big_w):
@@ -79,7 +79,7 @@ def _depth_block(pred: torch.Tensor, gt: torch.Tensor, levels: list[tuple], i: i
 
 
 def _depth_loss(criterion: Any, preds: Any, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``DepthLoss26.__call__`` (8.4.190) computed block by block (``_depth_block``, each block a region); Ultralytics'
+    """``DepthLoss26.__call__`` computed block by block (``_depth_block``, each block a region); Ultralytics'
     own where it returns early, without gradients (validation), or where the rows do not split at the coarsest
     scale."""
     pred = preds["depth"] if isinstance(preds, dict) else preds

@@ -16,7 +16,7 @@ Once the network is checkpointed, the loss holds most of a dense or high-resolut
     in blocks of rows of one image (``CHUNK_PIXELS``), each block a region that returns its cross-entropy sum and its
     Dice sums; the totals add up in another order than one sum over every pixel;
   - assignment (every ``TaskAlignedAssigner``: detect, segment, pose, obb) one image at a time, the path Ultralytics
-    itself takes after an out-of-memory error (``TaskAlignedAssigner.forward``, 8.4.190), so that the
+    itself takes after an out-of-memory error (``TaskAlignedAssigner.forward``), so that the
     ``objects x anchors`` tensors are one image's. Not bitwise on CPU: the alignment metric's ``pow(beta)`` over the
     candidate pairs runs vectorized in the body and scalar in the tail of a list, and per image the tail moves
     (measured on this project's AVX-512 CPU: ``x[:k].pow(6.0)`` differs from ``x.pow(6.0)[:k]`` for 29 of the first
@@ -34,7 +34,7 @@ The criterion is shadowed on its *instance*, as ``yolo_ckpt.regions.install`` sh
 ``disable_loss_checkpointing`` removes every shadow; Ultralytics' ``save_model`` drops the EMA's criterion from what
 it pickles, and ``CheckpointMixin.save_model`` removes the ``init_criterion`` shadow, so saved models stay plain.
 
-Private Ultralytics code reproduced here, checked against ultralytics 8.4.190 (``ultralytics/utils/loss.py``,
+Private Ultralytics code reproduced here, read in ``versions.ULTRALYTICS_CHECKED`` (``ultralytics/utils/loss.py``,
 ``ultralytics/utils/tal.py``): the loop of ``v8SegmentationLoss.calculate_segmentation_loss``, the terms of
 ``SemanticSegmentationLoss.forward`` and the per-image loop of ``TaskAlignedAssigner.forward``, which calls
 ``_forward``; what ``SegTaskAlignedAssigner.pair_overlaps`` reads from its arguments.

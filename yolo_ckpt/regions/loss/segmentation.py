@@ -16,7 +16,7 @@ tensor; 64 rows of 256 x 256 masks, the 1024 px default), so that its memory no 
 
 
 def _scores_masks(assigner: nn.Module) -> bool:
-    """Whether ``assigner`` is YOLO26 segmentation's mask-aware one (Ultralytics 8.4.190 has it; 8.4.162 does not)."""
+    """Whether ``assigner`` is YOLO26 segmentation's mask-aware one (8.4.162, the oldest supported, lacks it)."""
     from ultralytics.utils import tal
 
     return isinstance(assigner, getattr(tal, "SegTaskAlignedAssigner", ()))
@@ -36,7 +36,7 @@ def _segmentation_loss(criterion: Any, how: str, fg_mask: torch.Tensor, masks: t
                        target_gt_idx: torch.Tensor,
                        target_bboxes: torch.Tensor, batch_idx: torch.Tensor, proto: torch.Tensor,
                        pred_masks: torch.Tensor, imgsz: torch.Tensor) -> torch.Tensor:
-    """``v8SegmentationLoss.calculate_segmentation_loss`` (8.4.190) with each image's mask loss one region
+    """``v8SegmentationLoss.calculate_segmentation_loss`` with each image's mask loss one region
     (``exact``), or one region per chunk of its foreground rows (``chunked``)."""
     if not torch.is_grad_enabled():  # validation: nothing is kept for backward
         return type(criterion).calculate_segmentation_loss(criterion, fg_mask, masks, target_gt_idx, target_bboxes,

@@ -19,7 +19,7 @@ image's area."""
 def _block_sums(criterion: Any, dice: bool, logits: torch.Tensor, masks: torch.Tensor, i: int,
                 rows: tuple[int, int, int, int], scale: tuple[int, int]) -> torch.Tensor:
     """One block of image ``i``: its logits upsampled as ``SemanticSegmentationLoss.forward`` upsamples the whole
-    batch (8.4.190: bilinear, ``align_corners=False``), from input rows ``start:end`` (the block's rows ``a:b`` and one
+    batch (bilinear, ``align_corners=False``), from input rows ``start:end`` (the block's rows ``a:b`` and one
     row either side, which bilinear weights read), and the block's cross-entropy sum, then (``dice``) its Dice
     intersection and prediction sums (per class; binary: one each) over its valid pixels, as one tensor."""
     start, a, b, end = rows
@@ -66,7 +66,7 @@ def _blocked(criterion: Any, logits: torch.Tensor, masks: torch.Tensor, dice: bo
 
 
 def _semantic_loss(criterion: Any, preds: Any, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``SemanticSegmentationLoss.forward`` (8.4.190) with the full-resolution logits, cross-entropy and Dice
+    """``SemanticSegmentationLoss.forward`` with the full-resolution logits, cross-entropy and Dice
     computed block by block (``_blocked``); the denominators and target counts, which need no gradient, as there."""
     cls = type(criterion)
     aux = None
