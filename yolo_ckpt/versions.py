@@ -15,13 +15,13 @@ Where yolo-ckpt touches Ultralytics' private code, one module of ours for each; 
   -> ``yolo_ckpt/integration/oom_retry.py``
 - the errors that retry counts as out of memory (``CUDA_MEMORY_ERRORS``) -> ``yolo_ckpt/memory/device.py``
 - the mask loss loop, re-implemented: ``v8SegmentationLoss.calculate_segmentation_loss``
-  -> ``yolo_ckpt/loss/segmentation.py``
+  -> ``yolo_ckpt/regions/loss/segmentation.py``
 - assignment, re-implemented: ``TaskAlignedAssigner._forward`` (shadowed) and ``forward``'s per-image loop,
-  ``SegTaskAlignedAssigner.pair_overlaps`` -> ``yolo_ckpt/loss/assignment.py``
+  ``SegTaskAlignedAssigner.pair_overlaps`` -> ``yolo_ckpt/regions/loss/assignment.py``
 - the semantic loss, re-implemented: ``SemanticSegmentationLoss.forward`` and its ``_ce_loss``
-  -> ``yolo_ckpt/loss/semantic.py``
-- the depth loss, re-implemented: ``DepthLoss26.__call__`` -> ``yolo_ckpt/loss/depth.py`` (these four shadowed on
-  the criterion's instance by ``yolo_ckpt/loss/install.py``)
+  -> ``yolo_ckpt/regions/loss/semantic.py``
+- the depth loss, re-implemented: ``DepthLoss26.__call__`` -> ``yolo_ckpt/regions/loss/depth.py`` (these four
+  shadowed on the criterion's instance by ``yolo_ckpt/regions/loss/install.py``)
 - the DDP launcher: the world size ``BaseTrainer.__init__`` derives from ``device=``, ``_setup_ddp`` (replaced under
   torchrun), ``_setup_train``'s ``DistributedDataParallel`` wrap (swapped on a CPU process group), the launcher's
   workers inheriting the environment -> ``yolo_ckpt/integration/distributed.py``
