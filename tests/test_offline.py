@@ -27,7 +27,7 @@ finally:
     open(OUT, "w").write(json.dumps(calls))
 sys.exit(rc)
 """
-CLI = "__import__('yolo_ckpt.integration.cli').cli.main(sys.argv[1:])"
+CLI = "__import__('yolo_ckpt.integration.cli').integration.cli.main(sys.argv[1:])"
 
 
 def network_calls(tmp_path: Path, *args: str, run: str = CLI) -> list:
