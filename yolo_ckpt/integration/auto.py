@@ -22,6 +22,7 @@ from ..memory.device import cuda_peak, device_memory, release, unless_oom
 from ..memory.step import batch_bytes, grad_bytes, loop_bytes, planned_copy
 from ..planning.autobatch import plan_batch
 from ..planning.choice import choose_plan, choose_plan_and_batch
+from ..planning.random_state import Generators, random_state_kept
 from ..planning.units import NothingFits, describe, loss_suffix
 from ..regions.install import checkpoint_mode, checkpoint_plan
 from ..regions.loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
@@ -36,7 +37,6 @@ from .run_memory import (
     memory_target,
     objects,
     planning_imgsz,
-    random_state_kept,
     record_settings,
     settings_of,
     smallest_device,
@@ -83,13 +83,13 @@ def auto_batch(trainer: Any) -> int:
     if loss := loss_checkpointing(plain):  # measured with the plan: the copies carry it
         stages += f" + checkpoint_loss={loss}"
     if trainer.args.memory_budget is not None or simulated:
-        with random_state_kept(trainer.device):
+        with random_state_kept(Generators.TORCH):
             return plan_for_budget(trainer, plain, stages, max_num_obj, dataset_size)
     try:
         trainer.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
         batch = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
         with planned_copy(plain, VANILLA) as trainer.model:  # without: no layer plan, Ultralytics' loss
-            with random_state_kept(trainer.device):  # Ultralytics' own AutoBatch draws once, as in vanilla
+            with random_state_kept(Generators.TORCH):  # Ultralytics' own AutoBatch draws once, as in vanilla
                 trainer.autobatch_without = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
     finally:
         trainer.model = model
@@ -157,7 +157,7 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
         trainer.planning.device = smallest_device(trainer)
     if RANK in {-1, 0}:
         try:
-            with random_state_kept(trainer.device):
+            with random_state_kept(Generators.TORCH):
                 decision = choose(trainer, model, objects, autobatch, dataset_size)
         except CheckpointConfigError as e:
             decision = {"error": str(e)}

@@ -13,6 +13,7 @@ from ..memory.device import device_memory, release, unless_oom
 from ..memory.step import batch_bytes, loop_bytes
 from ..planning.costs import unit_costs
 from ..planning.escalation import Snapshot, keeps_least, next_plan
+from ..planning.random_state import Generators, random_state_kept
 from ..planning.search import deepest
 from ..regions.graph import model_stages
 from ..regions.install import checkpoint_plan, enable_checkpointing
@@ -26,7 +27,6 @@ from .run_memory import (
     loss_escalation,
     objects,
     planning_imgsz,
-    random_state_kept,
     record_settings,
     settings_of,
 )
@@ -48,7 +48,7 @@ def hold_batch(trainer: Any) -> None:
     if held is None:  # set-up, memory free: a dry run may allocate now, not in the retry
         state.stages = sorted(model_stages(model))
         if state.least is None and checkpoint_plan(model) is not None:  # a plan that may escalate
-            with random_state_kept(trainer.device):
+            with random_state_kept(Generators.TORCH):
                 state.least = deepest(model)
 
 
@@ -101,7 +101,7 @@ def escalate_plan(trainer: Any) -> None:
             state.measured(unit_costs(model, imgsz, objects(trainer), amp), trainer.batch_size)
         return next_plan(model, old, imgsz, trainer.batch_size, objects(trainer), amp, state.costs)
 
-    with random_state_kept(trainer.device):  # training goes on from here, as after Ultralytics' own retry
+    with random_state_kept(Generators.TORCH):  # training goes on from here, as after Ultralytics' own retry
         # a device that holds less than it said may not hold planning's copies: then the plan that keeps the least
         settings, measured = unless_oom(plan, trainer.device) or (state.least or deepest(model), None)
     for k, v in settings.keys().items():
@@ -132,7 +132,7 @@ def replan_validation(trainer: Any, model: nn.Module, step: int | None) -> None:
     target = target if trainer.memory_target is None else min(target, trainer.memory_target)
     imgsz, n, batch = planning_imgsz(trainer), objects(trainer), trainer.batch_size
     held = batch_bytes(model, imgsz, batch, n) + loop_bytes(model, imgsz, batch, n)
-    with random_state_kept(trainer.device):
+    with random_state_kept(Generators.TORCH):
         try:
             # an unmeasured step claims no peak: what validation measures plus ``held`` stays within ``target``
             val_batch, line = plan_validation(trainer, model, batch, target, held, target if step is None else step)

@@ -14,14 +14,9 @@ State lives on the trainer: ``memory_target`` and ``autobatch_without`` (read by
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
 from ultralytics.utils import LOGGER, RANK, YAML, colorstr
 from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import unwrap_model
@@ -64,30 +59,6 @@ class Planning:
     def measured(self, costs: Costs, batch: int) -> None:
         """The units' costs are known: escalation plans from them, and ends at their least-keeping candidate."""
         self.costs, self.least = costs, least_keeping(costs, batch).settings
-
-
-@contextmanager
-def random_state_kept(device: torch.device) -> Iterator[None]:
-    """Leave torch's generators (CPU, and the training CUDA device) as the block found them.
-
-    Planning runs training steps on copies, and RT-DETR's decoder draws random denoising queries in every training
-    forward: without this, the queries training draws afterwards would differ from vanilla Ultralytics'.
-    """
-    cuda = device.type == "cuda"
-    with torch.random.fork_rng(devices=[device.index or 0] if cuda else [], device_type="cuda"):
-        yield
-
-
-@contextmanager
-def python_random_kept() -> Iterator[None]:
-    """Leave Python's and NumPy's generators as the block found them: building a dataset draws from them, and
-    training's augmentations draw next, where vanilla Ultralytics builds none."""
-    states = random.getstate(), np.random.get_state()
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
 
 
 def settings_of(trainer: Any) -> PlanSettings:

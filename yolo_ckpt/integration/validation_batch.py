@@ -11,8 +11,8 @@ from ultralytics.utils.patches import override_configs
 
 from ..memory.step import state_bytes, validation_probe, weight_bytes
 from ..planning.autobatch import probe_room
+from ..planning.random_state import Generators, random_state_kept
 from ..regions.spec import CheckpointConfigError
-from .run_memory import python_random_kept
 
 VAL_AT_TRAINING_BATCH = {"obb", "semantic", "depth"}  # validated at the training batch, the rest at twice it
 
@@ -22,7 +22,8 @@ def val_facts(trainer: Any) -> tuple[int, int]:
     validation measures, and the number of images, the most Ultralytics' loader batches (``build_dataloader``)."""
     dataset = getattr(getattr(trainer, "test_loader", None), "dataset", None)
     if dataset is None:  # AutoBatch runs before Ultralytics builds the loaders
-        with python_random_kept(), override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
+        no_cache = override_configs(trainer.args, overrides={"cache": False})
+        with random_state_kept(Generators.PYTHON), no_cache as trainer.args:
             dataset = trainer.build_dataset(trainer.data.get(trainer.args.split) or trainer.data["val"], mode="val",
                                             batch=16)
     labels = [x for x in getattr(dataset, "labels", None) or [] if isinstance(x, dict) and "cls" in x]
@@ -86,7 +87,7 @@ def validate_at_planned_batch(trainer: Any) -> None:
     loader = getattr(trainer, "test_loader", None)
     if trainer.val_batch is None or loader is None or loader.batch_size <= trainer.val_batch:
         return
-    with python_random_kept():
+    with random_state_kept(Generators.PYTHON):
         trainer.test_loader = trainer.get_dataloader(trainer.data[trainer.args.split], batch_size=trainer.val_batch,
                                                      rank=LOCAL_RANK, mode="val")
     if getattr(trainer, "validator", None) is not None:

@@ -18,10 +18,8 @@ Examples:
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -29,6 +27,7 @@ from ..memory.step import batch_bytes, planned_copy, state_bytes
 from ..regions.settings import PlanSettings
 from .choice import MAX_MEASURED, measure_candidate, measure_copy
 from .costs import Costs, unit_costs
+from .random_state import RandomState
 from .search import escalations, least_keeping
 from .units import HEAD, NECK
 
@@ -39,30 +38,24 @@ class Snapshot:
 
     Attributes:
         buffers (list[torch.Tensor]): Clones of every buffer of the model (BatchNorm statistics), in order.
-        rng (tuple): States of Python's, NumPy's and torch's generators (and CUDA's, where initialised).
+        rng (RandomState): Every random generator's state.
         ema_updates (int): EMA updates at the snapshot: equal later means no optimizer step happened since.
     """
 
     buffers: list
-    rng: tuple
+    rng: RandomState
     ema_updates: int
 
     @classmethod
     def take(cls, model: nn.Module, ema_updates: int) -> Snapshot:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
-        return cls([b.detach().clone() for b in model.buffers()], rng, ema_updates)
+        return cls([b.detach().clone() for b in model.buffers()], RandomState.take(), ema_updates)
 
     def restore(self, model: nn.Module) -> None:
         """Put the buffers (in place: the EMA and optimizer keep their tensors) and generators back."""
         with torch.no_grad():
             for b, s in zip(model.buffers(), self.buffers):
                 b.copy_(s)
-        random.setstate(self.rng[0])
-        np.random.set_state(self.rng[1])
-        torch.set_rng_state(self.rng[2])
-        if self.rng[3] is not None:
-            torch.cuda.set_rng_state_all(self.rng[3])
+        self.rng.restore()
 
 
 def _normal(settings: PlanSettings, stages: list[int]) -> tuple:
