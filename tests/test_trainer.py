@@ -291,6 +291,7 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
         raise KeyError("sem_masks")
 
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(dist, "get_rank", lambda: rp.RANK)
     monkeypatch.setattr(rp, "choose", choose)
     monkeypatch.setattr(rp, "smallest_device", lambda trainer: None)  # a collective: every rank reads its device
     fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), planning=Planning())
@@ -344,6 +345,7 @@ def test_ddp_plans_for_the_rank_whose_gpu_has_the_least_memory(monkeypatch):
 
     monkeypatch.setattr(rp, "device_memory", lambda device: mine)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "all_gather_object", gather)
     fake = SimpleNamespace(device=torch.device("cuda", 0), batch_size=-1, args=SimpleNamespace(memory_budget=None),
                            planning=rp.Planning())

@@ -31,6 +31,7 @@ from ..regions.recompute import MODES
 from ..regions.settings import VANILLA, PlanSettings
 from ..regions.spec import CheckpointConfigError
 from ..report.summary import autocast_dtype
+from .distributed import from_rank0
 from .run_memory import (
     PREFIX,
     dataset_facts,
@@ -166,11 +167,7 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
                 raise
             failure, decision = e, {"failed": f"{type(e).__name__}: {e}"}
     if RANK != -1:  # the process group exists: Ultralytics set it up before _setup_train
-        import torch.distributed as dist
-
-        box = [decision]
-        dist.broadcast_object_list(box, 0)
-        decision = box[0]
+        decision = from_rank0(decision)
     if failure is not None:
         raise failure
     if "failed" in decision:

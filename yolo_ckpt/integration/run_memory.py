@@ -28,6 +28,7 @@ from ..planning.escalation import Snapshot
 from ..planning.search import least_keeping
 from ..regions.loss.install import LOSS_TASKS, loss_checkpointing
 from ..regions.settings import PlanSettings
+from .distributed import gather
 
 PREFIX = colorstr("checkpoint:")
 
@@ -128,9 +129,5 @@ def smallest_device(trainer: Any) -> DeviceMemory | None:
     """Under DDP, the device with the least usable memory of every rank's (each reads its own: another rank's GPU may
     have less free than rank 0's), which rank 0 then plans the shared plan for; every rank must call it. The probes
     still run on rank 0's device, within what it has free."""
-    import torch.distributed as dist
-
-    devices = [None] * dist.get_world_size()
-    dist.all_gather_object(devices, device_memory(trainer.device))
-    known = [d for d in devices if d is not None]
+    known = [d for d in gather(device_memory(trainer.device)) if d is not None]
     return min(known, key=lambda d: d.usable) if known else None
