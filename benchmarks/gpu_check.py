@@ -253,12 +253,13 @@ def gb(nbytes: int | float | None) -> str:
     return "n/a" if nbytes is None else f"{nbytes / GB:.3f}"
 
 
-def plan_of(args: dict) -> PlanSettings:
-    """The layer plan a run trained with, from its args.yaml."""
-    return PlanSettings.from_keys(args).with_loss(None)
+def plan_of(args: dict) -> tuple[Any, str, Any]:
+    """``(checkpoint_stages, checkpoint_mode, checkpoint_layers)`` a run trained with, from its args.yaml: the report's
+    cell."""
+    return args.get("checkpoint_stages"), args.get("checkpoint_mode") or "full", args.get("checkpoint_layers") or None
 
 
-def step_against_allocator(device: str, plan: PlanSettings, imgsz: int, batch: int, amp: torch.dtype | None) -> str:
+def step_against_allocator(device: str, plan: tuple, imgsz: int, batch: int, amp: torch.dtype | None) -> str:
     """One training step of ``plan`` at ``batch`` and ``imgsz`` under autocast of ``amp``, channels_last as the
     trainer on CUDA: the exact tensor peak (weights and batch included) next to the allocator's peaks. A first step
     warms up (cuDNN handles and workspaces, the loss)."""
@@ -266,7 +267,7 @@ def step_against_allocator(device: str, plan: PlanSettings, imgsz: int, batch: i
         return "n/a (no allocator on CPU)"
     dev = torch.device("cuda", 0)
     built = build_model("yolo11n.yaml").to(dev).to(memory_format=torch.channels_last)
-    model = with_plan(built, plan)
+    model = with_plan(built, PlanSettings.of(*plan))
     del built
     data = training_batch(model, imgsz, batch)
     try:

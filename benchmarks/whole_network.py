@@ -109,7 +109,9 @@ def main() -> None:
         r = step(with_plan(model, settings), data)
         ratio, flops = r["peak"] / plain["peak"], r["flops"] / plain["flops"]
         phase, layer, op = r["at"]
-        print(f"\n{name}: {settings}")
+        keys = settings.keys()
+        print(f"\n{name}: checkpoint_stages={keys['checkpoint_stages']} checkpoint_mode={keys['checkpoint_mode']} "
+              f"checkpoint_layers={keys['checkpoint_layers']}")
         print(f"  peak {mib(r['peak'])} ({ratio:.3f}x vanilla) at {flops:.3f}x the FLOPs; kept after forward "
               f"{mib(r['kept after forward'])} (vanilla {mib(plain['kept after forward'])}); peaks in {phase}, "
               f"layer {layer} ({op})")
