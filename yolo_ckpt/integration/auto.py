@@ -19,8 +19,9 @@ from ultralytics.utils import LOGGER, RANK, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
 from ..loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
-from ..memory.device import cuda_peak, device_memory, release, unless_oom
+from ..memory.device import device_memory, release, unless_oom
 from ..memory.step import batch_bytes, grad_bytes, loop_bytes, planned_copy
+from ..memory.tracker import cuda_peak
 from ..planning.autobatch import plan_batch
 from ..planning.choice import choose_plan, choose_plan_and_batch
 from ..planning.units import NothingFits, describe, loss_suffix
