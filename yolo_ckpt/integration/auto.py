@@ -29,7 +29,7 @@ from ..regions.install import checkpoint_mode, checkpoint_plan, enable_checkpoin
 from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
 from ..regions.spec import CheckpointConfigError
-from ..report.summary import autocast_dtype
+from ..report.summary import training_formats
 from .run_memory import (
     PREFIX,
     dataset_facts,
@@ -105,7 +105,7 @@ def plan_for_budget(trainer: Any, model: nn.Module, stages: str, max_num_obj: in
     """
     budget, fraction, source = memory_target(trainer)
     imgsz = planning_imgsz(trainer)
-    amp = autocast_dtype(trainer)
+    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
     kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1), amp=amp)
     trainer.memory_target = int(fraction * budget)
     LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of {source} at imgsz={imgsz}"
@@ -201,7 +201,7 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     """Rank 0's part of ``auto_plan``: the choice as plain data (settings, batch, log lines) for the broadcast."""
     budget, fraction, source = memory_target(trainer)
     imgsz = planning_imgsz(trainer)
-    amp = autocast_dtype(trainer)
+    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
     batch = None if autobatch else max(trainer.batch_size // max(trainer.world_size, 1), 1)
     cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
     trainer.memory_target = int(fraction * budget)

@@ -33,6 +33,7 @@ from ultralytics.cfg import MODES, TASKS, check_dict_alignment, entrypoint, merg
 from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
 
 from ..loss.install import LOSS_HELP
+from ..report.summary import training_formats
 from ..versions import __version__
 
 if TYPE_CHECKING:  # the planner imports torch, which the CLI's help and errors need not wait for
@@ -264,19 +265,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
-    """``(autocast dtype or None, channels_last)`` as Ultralytics' trainer picks them (8.4.190, ``_setup_train`` and the
-    train loop): AMP and channels_last on CUDA only, ``amp=bf16`` as bfloat16, ``channels_last=None`` meaning on
-    (but on Windows)."""
-    import torch
-    from ultralytics.utils import WINDOWS
-
-    if getattr(device, "type", str(device)) != "cuda":
-        return None, False
-    amp = torch.bfloat16 if cfg.amp == "bf16" else torch.float16 if cfg.amp else None
-    return amp, cfg.channels_last is True or (cfg.channels_last is None and not WINDOWS)
 
 
 def profile(args: list[str], costs: Costs | None = None, candidates: bool = True) -> list[Path]:
