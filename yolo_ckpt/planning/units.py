@@ -164,11 +164,6 @@ class Candidate:
         head = [list(r) for r in self.head] if self.head is not None else HEAD
         return s["checkpoint_stages"], s["checkpoint_mode"], head, self.loss
 
-    @property
-    def layers(self) -> Any:
-        """``checkpoint_layers`` as planning installs it (``spec``)."""
-        return self.spec[2]
-
     def plan(self, model: nn.Module) -> CheckpointPlan:
         """The ``CheckpointPlan`` of this candidate on ``model``."""
         return CheckpointPlan.from_spec(model, self.spec[0], self.spec[2])
