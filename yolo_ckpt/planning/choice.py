@@ -11,8 +11,8 @@ plans take a mode per unit, the stem (the first stage) and the stage after it ar
 one region as ``checkpoint_stages=[1,2]`` makes it (``stages.joined_stages``), which no plan takes with either
 stage: it keeps no stem output, and its recompute holds both stages' tensors. A unit
 and its parts are measured together, as one mode of ``UNIT_MODES`` (``"full+parts:selective"``: the stage full, each
-part of it selective inside), since what the parts save depends on what holds them. Where the model's plans take no
-mode per region (``per_region_modes``), one of ``full``/``selective`` for all units, neck and head layer together.
+part of it selective inside), since what the parts save depends on what holds them. The trade-off table's plans
+(``Costs.mixed`` false) take one of ``full``/``selective`` for all units, neck and head layer together.
 Each unit is measured once per
 mode, alone, in a training step at batch 1 on a copy of the model: the bytes it stops keeping for backward, the peak
 of the step's backward from the moment it reaches the unit, the FLOPs its recompute adds, and — once that bounded step
