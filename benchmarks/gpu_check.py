@@ -68,7 +68,7 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +86,8 @@ from ultralytics.utils import LOGGER, YAML  # noqa: E402
 
 from yolo_ckpt import YOLO  # noqa: E402
 from yolo_ckpt.data.synthetic import synthetic_dataset  # noqa: E402
-from yolo_ckpt.memory.device import cuda_peak  # noqa: E402
 from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan  # noqa: E402
-from yolo_ckpt.memory.tracker import LiveTensorTracker, cuda_peaks  # noqa: E402
+from yolo_ckpt.memory.tracker import CudaPeak, LiveTensorTracker, cuda_peak  # noqa: E402
 from yolo_ckpt.planning import costs  # noqa: E402
 from yolo_ckpt.planning.autobatch import plan_batch  # noqa: E402
 from yolo_ckpt.regions.settings import PlanSettings  # noqa: E402
@@ -148,12 +147,15 @@ def read_junit(xml: Path) -> tuple[list[str], list[str], dict[str, int]]:
 
 # ------------------------------------------------------------------------------- 3-4: trainings on the device
 class Meter:
-    """Peak device memory since ``reset``: the CUDA caching allocator's (allocated, reserved); elsewhere the exact
-    live tensor bytes of ``tracker``, entered around the run with ``with meter:`` (both figures the same)."""
+    """Peak device memory from ``reset`` to ``peaks``: the CUDA caching allocator's (allocated, reserved) over a
+    ``cuda_peak`` block that ``reset`` enters and ``peaks`` ends; elsewhere the exact live tensor bytes of ``tracker``,
+    entered around the run with ``with meter:`` (both figures the same)."""
 
     def __init__(self, device: str, tracker: LiveTensorTracker | None = None) -> None:
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.tracker = None if device == "cuda" else tracker or LiveTensorTracker()
+        self._block: AbstractContextManager[CudaPeak] | None = None  # the open ``cuda_peak`` block, and its figures
+        self._peak: CudaPeak | None = None
 
     def __enter__(self) -> Meter:
         if self.tracker is not None:
@@ -167,15 +169,17 @@ class Meter:
     def reset(self) -> None:
         if self.tracker is not None:
             self.tracker.reset_peak()
-        else:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        else:  # a block reset again before its end is dropped unread
+            self._block = cuda_peak(self.device)
+            self._peak = self._block.__enter__()
 
     def peaks(self) -> tuple[int, int]:
         if self.tracker is not None:
             return self.tracker.peak, self.tracker.peak
-        torch.cuda.synchronize(self.device)
-        return cuda_peaks(self.device)
+        if self._block is not None:
+            self._block.__exit__(None, None, None)
+            self._block = None
+        return self._peak.allocated, self._peak.reserved
 
 
 class PhasePeaks:
@@ -418,14 +422,16 @@ def whole_run(quick: bool, device: str) -> Section:
         # model the YOLO object keeps on the host while its trainer trains a copy of its own
         untold = None if device == "cuda" else UntoldDevice(limit)
         error, run = None, None
-        with memory_limit(device, limit) if device == "cuda" else nullcontext():
+        # the allocator's peak when the run ends: since the last reset of its statistics (the run's meter, auto)
+        with cuda_peak(0) if device == "cuda" else nullcontext() as whole, \
+                memory_limit(device, limit) if device == "cuda" else nullcontext():
             try:
                 with log_lines("validation", "auto chose", "out of memory", "escalated") as lines:
                     run = train(Meter(device, untold), True, "whole", Path(tmp), imgsz=imgsz, batch=batch,
                                 checkpoint_stages="auto", memory_budget=f"{budget}B", **size)
             except Exception as e:  # the check's verdict, not a crash of the check
                 error = f"{type(e).__name__}: {str(e)[:500]}"
-        peak = cuda_peaks(torch.device("cuda", 0))[1] if device == "cuda" else untold.peak
+        peak = whole.reserved if device == "cuda" else untold.peak
     head = (f"yolo11n, imgsz {imgsz}, batch {batch}: vanilla's step {gb(vanilla)} GB (exact tensor bytes); "
             f"memory_budget={budget}B, share {gb(share)} GB; device limited to {gb(limit)} GB "
             f"({'set_per_process_memory_fraction' if device == 'cuda' else 'UntoldDevice'}).")

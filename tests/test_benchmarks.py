@@ -33,7 +33,7 @@ def test_gpu_check_quick_writes_every_section(tmp_path):
     for title, verdict in verdicts.items():
         assert f"## {title}: {verdict}" in report, title
         assert f"{title}: {verdict}" in out.stdout, title
-    assert "| test_memory::test_cuda_helpers_reject_cpu_device | passed |" in report  # the pytest table is read
+    assert "| test_memory::test_cuda_peak_rejects_cpu_device | passed |" in report  # the pytest table is read
     assert "| auto | 4 | (" in report and "| batch=-1 all | 4 | ('all', 'full', None) |" in report
     assert "device limited to " in report and "(UntoldDevice)" in report and "the run's peak " in report
     assert "| yolo11n.yaml | 128 | 4 | off | all |" in report and "compiled [2,3] (aot_eager) | 1 | 0 |" in report

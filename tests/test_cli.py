@@ -380,7 +380,7 @@ def test_profile_follows_the_runs_amp_and_channels_last():
 
     import torch
 
-    from yolo_ckpt.integration.cli import training_formats
+    from yolo_ckpt.report.summary import training_formats
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     run_cfg = lambda amp, cl: SimpleNamespace(amp=amp, channels_last=cl)  # noqa: E731

@@ -19,7 +19,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils.checkpoint import checkpoint
 
-from yolo_ckpt.memory.tracker import LiveTensorTracker, cuda_peaks, cuda_reset_peak
+from yolo_ckpt.memory.tracker import LiveTensorTracker, cuda_peak
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -336,30 +336,35 @@ def test_tracker_does_not_change_numerics_yolo11n():
 
 
 # ------------------------------------------------------------------------------- CUDA
-def test_cuda_helpers_reject_cpu_device():
+def test_cuda_peak_rejects_cpu_device():
     with pytest.raises(ValueError):
-        cuda_reset_peak("cpu")
+        with cuda_peak("cpu"):
+            pass
     with pytest.raises(ValueError):
-        cuda_peaks(torch.device("cpu"))
+        with cuda_peak(torch.device("cpu")):
+            pass
 
 
 @needs_cuda
-def test_cuda_peaks_known_allocation():
+def test_cuda_peak_known_allocation():
     dev = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_allocated(dev)
-    cuda_reset_peak(dev)
-    alloc0, _ = cuda_peaks(dev)
-    assert alloc0 == base
-    a = torch.empty(2**20, dtype=torch.float32, device=dev)  # 4 MiB, block-aligned
-    b = a * 2
-    del b
-    alloc, reserved = cuda_peaks("cuda")
+    with cuda_peak(dev) as nothing:
+        pass
+    assert nothing.before == nothing.allocated == base
+    with cuda_peak("cuda") as peak:
+        a = torch.empty(2**20, dtype=torch.float32, device=dev)  # 4 MiB, block-aligned
+        b = a * 2
+        del b
+    alloc, reserved = peak.allocated, peak.reserved
+    assert peak.before == base
     assert alloc == base + 2 * 4 * 2**20
     assert reserved >= alloc
     assert (alloc, reserved) == (torch.cuda.max_memory_allocated(dev), torch.cuda.max_memory_reserved(dev))
-    cuda_reset_peak(dev.index)
-    assert cuda_peaks(dev)[0] == base + 4 * 2**20
+    with cuda_peak(dev.index) as again:  # a new block restarts the peak from what is alive
+        pass
+    assert again.allocated == base + 4 * 2**20
     del a
 
 

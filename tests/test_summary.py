@@ -3,6 +3,7 @@
 from copy import deepcopy
 from types import SimpleNamespace
 
+import torch
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
@@ -30,6 +31,7 @@ def test_compare_under_ddp_measures_the_batch_of_one_rank(monkeypatch, tmp_path)
     real = summary.compare_plans
     monkeypatch.setattr(summary, "compare_plans", compare)
     trainer = SimpleNamespace(model=model, batch_size=4, world_size=2, csv=tmp_path / "results.csv", amp=False,
+                              device=torch.device("cpu"),
                               args=SimpleNamespace(checkpoint_compare=True, imgsz=64, amp=False))
     vanilla, ours = summary.compare_with_vanilla(trainer)
     assert batches == [2]
@@ -50,6 +52,7 @@ def test_compare_counts_the_loss_plan(tmp_path):
     plain = deepcopy(model)
     enable_loss_checkpointing(model, "exact")
     trainer = SimpleNamespace(model=model, batch_size=2, world_size=1, csv=tmp_path / "results.csv", amp=False,
+                              device=torch.device("cpu"),
                               args=SimpleNamespace(checkpoint_compare=True, imgsz=128, amp=False))
     vanilla, ours = summary.compare_with_vanilla(trainer)
     data = training_batch(plain, 128, 2)

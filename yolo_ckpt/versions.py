@@ -29,9 +29,8 @@ Where yolo-ckpt touches Ultralytics' private code, one module of ours for each; 
   patched for a CPU process group's final validation -> ``yolo_ckpt/integration/distributed.py``
 - ``check_font``'s lookup (config dir, matplotlib's fonts, then a download even offline)
   -> ``yolo_ckpt/integration/offline.py``
-- the AMP and ``channels_last`` choice of ``BaseTrainer._setup_train`` and the train loop
-  -> ``yolo_ckpt/integration/cli.py`` (``training_formats``)
-- the train loop's autocast dtype -> ``yolo_ckpt/report/summary.py`` (``autocast_dtype``)
+- the AMP and ``channels_last`` choice of ``BaseTrainer._setup_train`` and the train loop's autocast dtype
+  -> ``yolo_ckpt/report/summary.py`` (``training_formats``)
 
 Public behaviour that a module reproduces and says it does "as Ultralytics" (``device=`` spellings, AutoBatch's
 dataset facts, the validator's batch and padding, the model class a name picks) was read in the same release.

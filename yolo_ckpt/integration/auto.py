@@ -18,8 +18,9 @@ from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.utils import LOGGER, RANK, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
-from ..memory.device import cuda_peak, device_memory, release, unless_oom
+from ..memory.device import device_memory, release, unless_oom
 from ..memory.step import batch_bytes, grad_bytes, loop_bytes, planned_copy
+from ..memory.tracker import cuda_peak
 from ..planning.autobatch import plan_batch
 from ..planning.choice import choose_plan, choose_plan_and_batch
 from ..planning.random_state import Generators, random_state_kept
@@ -30,7 +31,7 @@ from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
 from ..regions.settings import VANILLA, PlanSettings
 from ..regions.spec import CheckpointConfigError
-from ..report.summary import autocast_dtype
+from ..report.summary import training_formats
 from .distributed import from_rank0
 from .run_memory import (
     PREFIX,
@@ -107,7 +108,7 @@ def plan_for_budget(trainer: Any, model: nn.Module, stages: str, max_num_obj: in
     """
     budget, fraction, source = memory_target(trainer)
     imgsz = planning_imgsz(trainer)
-    amp = autocast_dtype(trainer)
+    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
     kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1), amp=amp)
     trainer.memory_target = int(fraction * budget)
     LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of {source} at imgsz={imgsz}"
@@ -198,7 +199,7 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     """Rank 0's part of ``auto_plan``: the choice as plain data (settings, batch, log lines) for the broadcast."""
     budget, fraction, source = memory_target(trainer)
     imgsz = planning_imgsz(trainer)
-    amp = autocast_dtype(trainer)
+    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
     batch = None if autobatch else max(trainer.batch_size // max(trainer.world_size, 1), 1)
     cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
     trainer.memory_target = int(fraction * budget)

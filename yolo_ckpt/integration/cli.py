@@ -27,16 +27,39 @@ import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ultralytics.cfg import MODES, TASKS, check_dict_alignment, entrypoint, merge_equals_args, parse_key_value_pair
-from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, YAML, checks
+import torch
+import ultralytics
+from ultralytics.cfg import (
+    MODES,
+    TASKS,
+    check_dict_alignment,
+    entrypoint,
+    get_save_dir,
+    merge_equals_args,
+    parse_key_value_pair,
+)
+from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, RANK, YAML, checks, colorstr
+from ultralytics.utils.torch_utils import select_device
 
+from ..data.resources import data_file
+from ..data.synthetic import DEFAULT_VARIANT, VARIANTS, recipe, recipe_tasks, synthetic_dataset
+from ..memory import step
+from ..memory.device import SimulatedDevice
+from ..planning.autobatch import parse_memory
+from ..planning.costs import Costs
+from ..regions.families import DEFAULT_MODELS, ultralytics_class
 from ..regions.loss.install import LOSS_HELP
+from ..regions.settings import PlanSettings
+from ..regions.spec import CheckpointConfigError, word
+from ..report.profiler import compare_plans, profile_stages, standard_plans, write_profile
+from ..report.summary import training_formats
+from ..report.tradeoff import tradeoffs
 from ..versions import __version__
-
-if TYPE_CHECKING:  # the planner imports torch, which the CLI's help and errors need not wait for
-    from ..planning.costs import Costs
+from .offline import provide_fonts
+from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_settings, check_task, is_auto
+from .trainer import RTDETR, YOLO
 
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
 
@@ -77,8 +100,6 @@ def _special(args: list[str]) -> str | None:
 
 def help_text() -> str:
     """yolo-ckpt's own help: its modes, and each of its keys with default, valid values and an example."""
-    from .settings import CKPT_CFG_DICT
-
     lines = [
         "yolo-ckpt: the `yolo` command with activation checkpointing in `train`, and a `profile` mode.",
         "",
@@ -102,9 +123,6 @@ def help_text() -> str:
 
 def versions() -> str:
     """``yolo-ckpt ...``, ``ultralytics ...`` and ``torch ...``: the installed versions, one per line."""
-    import torch
-    import ultralytics
-
     return f"yolo-ckpt {__version__}\nultralytics {ultralytics.__version__}\ntorch {torch.__version__}"
 
 
@@ -120,9 +138,6 @@ def parse_train_args(args: list[str]) -> dict:
     Raises:
         SyntaxError: For unknown keys, as ``yolo`` raises.
     """
-    from ..data.resources import data_file
-    from .settings import DEFAULT_CFG_DICT_CKPT
-
     full = {**DEFAULT_CFG_DICT_CKPT, **dict.fromkeys((*TASKS, *MODES))}
     overrides: dict = {}
     for a in merge_equals_args(args):
@@ -162,8 +177,6 @@ def demo_settings(overrides: dict) -> dict:
     ``nbs`` (Ultralytics' nominal batch) is the demo's batch; a ``batch=`` of the user's gets ``nbs`` equal to it, as
     weight decay scales with batch/nbs; AutoBatch (``batch`` < 1) gets Ultralytics' own ``nbs``.
     """
-    from ..data.resources import data_file
-
     demo = YAML.load(data_file("cfg", DEMO))
     batch = overrides.get("batch")
     if isinstance(batch, (int, float)) and "nbs" not in overrides:
@@ -174,11 +187,6 @@ def demo_settings(overrides: dict) -> dict:
 def train(args: list[str]) -> None:
     """Run ``yolo-ckpt train ...``; without ``data=`` or ``cfg=``, the demo recipe ``cfg/demo.yaml`` fills in what the
     command line leaves out."""
-    from ..regions.families import DEFAULT_MODELS
-    from ..regions.spec import CheckpointConfigError
-    from .settings import check_settings, check_task
-    from .trainer import RTDETR
-
     overrides = parse_train_args(args)
     overrides.pop("mode", None)
     if not overrides.get("data") and not overrides.get("resume") and not given(args, "cfg"):  # the demo
@@ -195,8 +203,6 @@ def train(args: list[str]) -> None:
     check_task(None, model.task)  # a checkpoint's own task (its file decides, whatever task= says)
     data = overrides.get("data")
     if not overrides.get("resume") and (not data or embedded_variant(data)):
-        from ..data.synthetic import DEFAULT_VARIANT, recipe, recipe_tasks, synthetic_dataset
-
         variant = data or DEFAULT_VARIANT
         if model.task not in (tasks := recipe_tasks(recipe(variant))):  # one line, as for bad stages
             raise CheckpointConfigError(f"data={variant}: the embedded dataset has no {model.task} labels. "
@@ -209,11 +215,6 @@ def train(args: list[str]) -> None:
 
 def model_class(model: object) -> type:
     """Our drop-in model class for a ``model=`` value, chosen by name as ``yolo`` chooses Ultralytics' own."""
-    import ultralytics
-
-    from ..regions.families import ultralytics_class
-    from .trainer import RTDETR, YOLO
-
     return RTDETR if ultralytics_class(model) is ultralytics.RTDETR else YOLO
 
 
@@ -230,16 +231,11 @@ def embedded_variant(data: object) -> bool:
     Returns:
         (bool): True when ``train`` should generate the embedded variant ``data`` names.
     """
-    from ..data.synthetic import VARIANTS
-
     return isinstance(data, str) and data in VARIANTS and not Path(data).exists()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``yolo-ckpt`` (and ``python -m yolo_ckpt``)."""
-    from ..regions.spec import CheckpointConfigError
-    from .offline import provide_fonts
-
     args = sys.argv[1:] if argv is None else argv
     provide_fonts()  # YOLO_OFFLINE: every mode, `yolo val` too, finds its plotting font without a network call
     special = _special(args) if args else "help"
@@ -258,25 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             train(args)
     except CheckpointConfigError as e:
-        from ultralytics.utils import RANK
-
         if RANK in {-1, 0}:  # under torchrun every rank stops with the same line; rank 0 shows it
             print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def training_formats(cfg: Any, device: Any) -> tuple[Any, bool]:
-    """``(autocast dtype or None, channels_last)`` as Ultralytics' trainer picks them (``_setup_train`` and the
-    train loop): AMP and channels_last on CUDA only, ``amp=bf16`` as bfloat16, ``channels_last=None`` meaning on
-    (but on Windows)."""
-    import torch
-    from ultralytics.utils import WINDOWS
-
-    if getattr(device, "type", str(device)) != "cuda":
-        return None, False
-    amp = torch.bfloat16 if cfg.amp == "bf16" else torch.float16 if cfg.amp else None
-    return amp, cfg.channels_last is True or (cfg.channels_last is None and not WINDOWS)
 
 
 def profile(args: list[str], costs: Costs | None = None, candidates: bool = True) -> list[Path]:
@@ -292,15 +273,6 @@ def profile(args: list[str], costs: Costs | None = None, candidates: bool = True
     only): the stages and plans tables alone, without ``tradeoff.tradeoffs`` (every candidate plan measured, most of a
     profile's time), for a caller that checks only those (``tests/test_every_model.py``).
     """
-    from ultralytics.cfg import get_save_dir
-    from ultralytics.utils import colorstr
-
-    from ..memory.device import SimulatedDevice
-    from ..planning.autobatch import parse_memory
-    from ..regions.families import DEFAULT_MODELS
-    from ..report.profiler import write_profile
-    from .settings import DEFAULT_CFG_DICT_CKPT, check_settings
-
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
     # no task= given: the model's own (``_profile_model``), as ``train`` infers it, not Ultralytics' default detect
     cfg = SimpleNamespace(**{**DEFAULT_CFG_DICT_CKPT, "batch": 4, "imgsz": 640, "task": None, **overrides,
@@ -335,14 +307,9 @@ def profile(args: list[str], costs: Costs | None = None, candidates: bool = True
 
 def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
     """The model to profile on the run's device, in the run's memory format, and the run's autocast dtype."""
-    import torch
-    from ultralytics.utils.torch_utils import select_device
-
-    from ..memory.step import build_model
-
     device = select_device(cfg.device, verbose=False)
     amp, channels_last = training_formats(cfg, device)
-    model = build_model(model_name).to(device)
+    model = step.build_model(model_name).to(device)  # looked up at the call: a caller may substitute its own
     cfg.task = cfg.task or model.task
     return (model.to(memory_format=torch.channels_last) if channels_last else model), amp
 
@@ -351,12 +318,6 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
                     candidates: bool = True) -> tuple[list[dict], list[dict], dict, int]:
     """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)`` (``candidates=False``: no tradeoffs,
     ``{}``)."""
-    from ..regions.settings import PlanSettings
-    from ..regions.spec import word
-    from ..report.profiler import compare_plans, profile_stages, standard_plans
-    from ..report.tradeoff import tradeoffs
-    from .settings import is_auto
-
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     plans = standard_plans(model)
     loss = word(cfg.checkpoint_loss) or "none"

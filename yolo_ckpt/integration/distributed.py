@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
+from unittest.mock import patch
 
 import torch
 import torch.distributed as dist
@@ -195,17 +196,6 @@ class CPUDistributedDataParallel(DistributedDataParallel):
 
 
 @contextmanager
-def swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """``owner.name`` is ``value`` inside the block, what it was after it."""
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
-
-
-@contextmanager
 def cpu_ddp_wrap() -> Iterator[None]:
     """While Ultralytics' ``_setup_train`` runs on a CPU process group, its DDP wrap builds the CPU DDP.
 
@@ -213,7 +203,7 @@ def cpu_ddp_wrap() -> Iterator[None]:
     ``nn.parallel.DistributedDataParallel(self.model, device_ids=[self.device.index], ...)``, looked up on
     ``torch.nn.parallel`` at the call; torch rejects any ``device_ids`` for a CPU module. Nothing else is wrapped there.
     """
-    with swapped(torch.nn.parallel, "DistributedDataParallel", CPUDistributedDataParallel):
+    with patch.object(torch.nn.parallel, "DistributedDataParallel", CPUDistributedDataParallel):
         yield
 
 
@@ -232,8 +222,8 @@ def cpu_final_validation() -> Iterator[None]:
     def on_cpu(*args: Any, device: Any = None, **kwargs: Any) -> AutoBackend:
         return AutoBackend(*args, device=torch.device("cpu"), **kwargs)
 
-    with swapped(validator, "get_torch_device_backend", lambda _: SimpleNamespace(current_device=lambda: 0)), \
-            swapped(validator, "AutoBackend", on_cpu):
+    with patch.object(validator, "get_torch_device_backend", lambda _: SimpleNamespace(current_device=lambda: 0)), \
+            patch.object(validator, "AutoBackend", on_cpu):
         yield
 
 

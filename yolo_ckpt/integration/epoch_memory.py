@@ -33,6 +33,7 @@ Examples:
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ import torch
 from ultralytics.utils import LOGGER, colorstr
 
 from ..memory.device import simulated_device
-from ..memory.tracker import GB, LiveTensorTracker, cuda_peaks, cuda_reset_peak, reset_rss_peak, rss_peak
+from ..memory.tracker import GB, CudaPeak, LiveTensorTracker, cuda_peak, reset_rss_peak, rss_peak
 from .distributed import gather
 
 SOURCES: dict[str, tuple[tuple[str, ...], str]] = {  # source -> (results.csv columns, what the console line says)
@@ -78,6 +79,9 @@ class EpochPeak:
         self.tracker = LiveTensorTracker() if self.source == "tensor" and self.simulated is None else None
         self._running = False
         self._ops_at_start = 0
+        # the epoch's ``cuda_peak`` block, entered at ``start`` and ended at ``stop``: the epoch spans two callbacks
+        self._cuda: AbstractContextManager[CudaPeak] | None = None
+        self._cuda_peak: CudaPeak | None = None
         self._rss_ok = False
 
     @property
@@ -98,7 +102,8 @@ class EpochPeak:
     def start(self) -> None:
         """Begin measuring an epoch; if one is being measured already (restarted without an end), restart its peak."""
         if self.source == "cuda":
-            cuda_reset_peak(self.device)
+            self._cuda = cuda_peak(self.device)  # a block restarted without its end is dropped unread
+            self._cuda_peak = self._cuda.__enter__()
         elif self.source == "rss":
             self._rss_ok = reset_rss_peak()
         elif self.simulated is not None:
@@ -119,8 +124,9 @@ class EpochPeak:
             self.tracker.__exit__(None, None, None)  # raises (and stays entered) if another mode is on top
         self._running = False
         if self.source == "cuda":
-            torch.cuda.synchronize(self.device)
-            values = cuda_peaks(self.device)
+            self._cuda.__exit__(None, None, None)
+            values = (self._cuda_peak.allocated, self._cuda_peak.reserved)
+            self._cuda = None
         elif self.source == "rss":
             peak = rss_peak() if self._rss_ok else None
             values = (peak,) if peak else ()
@@ -133,6 +139,7 @@ class EpochPeak:
         """Stop measuring without reporting (training ended, or failed, mid-epoch): no device call that could fail."""
         if self._running and self.tracker is not None:
             self.tracker.__exit__(None, None, None)
+        self._cuda = None  # the block is dropped unread: ending it would synchronise the device
         self._running = False
 
 

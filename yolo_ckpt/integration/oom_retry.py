@@ -21,7 +21,7 @@ from ..regions.loss.install import enable_loss_checkpointing
 from ..regions.plan import CheckpointPlan
 from ..regions.settings import PlanSettings
 from ..regions.spec import CheckpointConfigError
-from ..report.summary import autocast_dtype
+from ..report.summary import training_formats
 from .run_memory import (
     PREFIX,
     loss_escalation,
@@ -95,7 +95,7 @@ def escalate_plan(trainer: Any) -> None:
         replan_validation(trainer, model, None)
         return
     imgsz = planning_imgsz(trainer)
-    amp = autocast_dtype(trainer)
+    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
     def plan() -> tuple[PlanSettings, int | None]:
         if state.costs is None:  # once: a second escalation at this imgsz plans from the same unit steps
             state.measured(unit_costs(model, imgsz, objects(trainer), amp), trainer.batch_size)

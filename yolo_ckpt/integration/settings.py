@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import ultralytics.nn.modules as modules
+import ultralytics.nn.modules.head as heads
 from ultralytics.cfg import DEFAULT_CFG_DICT
+from ultralytics.nn.tasks import guess_model_task, yaml_model_load
 from ultralytics.utils import YAML
 
 from ..data.resources import data_file
@@ -84,24 +87,26 @@ def trains_on_cuda(device: Any) -> bool:
 
 # Ultralytics head modules and the task each trains, most specific first: Segment, Pose and OBB subclass
 # Detect; YOLOESegment subclasses YOLOEDetect, not Segment.
-HEAD_TASKS = (("SemanticSegment", "semantic"), ("Segment", "segment"), ("YOLOESegment", "segment"), ("Pose", "pose"),
-              ("OBB", "obb"), ("Depth", "depth"), ("Classify", "classify"), ("Detect", "detect"),
-              ("RTDETRDecoder", "detect"))
-
-
 def yaml_task(model: Any) -> str | None:
-    """The task a model YAML's output module trains, or ``None`` when ``model`` is no YAML or its head is unknown."""
-    import ultralytics.nn.modules as modules
-    from ultralytics.nn.tasks import yaml_model_load
+    """The task a model YAML's output module trains (Ultralytics' ``guess_model_task`` on the YAML), or ``None`` when
+    ``model`` is no YAML or its output module is no task head of Ultralytics'.
 
+    A wrapper, as ``guess_model_task`` is no drop-in: given a path it guesses from the file's name, not its
+    layers; it matches task words in the module's name, so it names a task for modules that are no head
+    (``ConvTranspose`` holds "pose") or that are unknown, and none for RT-DETR's head (``RTDETRDecoder``); and where it
+    cannot tell it warns and assumes detect. Here only a head class of ``ultralytics.nn.modules.head`` has a task.
+    """
     if not isinstance(model, (str, Path)) or Path(model).suffix not in {".yaml", ".yml"}:
         return None
     try:
-        head = getattr(modules, str(yaml_model_load(model)["head"][-1][2]), None)
+        cfg = yaml_model_load(model)
+        _, _, name, _ = cfg["head"][-1]  # the output module, as Ultralytics' parse_model reads a layer
     except Exception:  # a missing or malformed YAML: Ultralytics' own error comes when it is built
         return None
-    classes = [(getattr(modules, name), task) for name, task in HEAD_TASKS]
-    return next((task for cls, task in classes if isinstance(head, type) and issubclass(head, cls)), None)
+    head = getattr(modules, str(name), None)
+    if not isinstance(head, type) or head.__module__ != heads.__name__:
+        return None
+    return "detect" if issubclass(head, heads.RTDETRDecoder) else guess_model_task(cfg)
 
 
 def check_task(model: Any, task: str | None) -> None:

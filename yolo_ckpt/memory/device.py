@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -270,33 +269,6 @@ def parse_device(device: Any) -> tuple[str, list[int]]:
     if re.fullmatch(r"-?\d+(,-?\d+)*", name):
         return "cuda", [int(x) for x in name.split(",")]
     return re.match(r"[a-z_]*", name).group() or name, []
-
-
-@dataclass
-class CudaPeak:
-    """The CUDA allocator's figures over a block (``cuda_peak``).
-
-    Attributes:
-        before (int): ``memory_allocated`` when the block started.
-        allocated (int): ``max_memory_allocated`` over the block (set when it ends).
-        reserved (int): ``max_memory_reserved`` over the block (set when it ends).
-    """
-
-    before: int = 0
-    allocated: int = 0
-    reserved: int = 0
-
-
-@contextmanager
-def cuda_peak(device: torch.device) -> Iterator[CudaPeak]:
-    """The allocator's peaks over the block on the CUDA ``device``, every stream synchronised at both ends (the one
-    place that resets the peak statistics around a measured step)."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    peak = CudaPeak(torch.cuda.memory_allocated(device))
-    yield peak
-    torch.cuda.synchronize(device)
-    peak.allocated, peak.reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
 def device_memory(device: torch.device | str | None) -> DeviceMemory | None:

@@ -4,7 +4,7 @@ Three sources of truth, for three situations:
 
 * **CUDA**: the caching allocator's own statistics
   (:func:`torch.cuda.max_memory_allocated` / :func:`torch.cuda.max_memory_reserved`),
-  wrapped by :func:`cuda_reset_peak` and :func:`cuda_peaks`.
+  read over a block by :func:`cuda_peak`.
 * **CPU** (or any other device): the CPU allocator keeps no statistics, so
   :class:`LiveTensorTracker` counts the bytes of tensor storages that are
   allocated while it is active and still alive, and keeps their exact
@@ -31,7 +31,9 @@ needed here.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-__all__ = ["LiveTensorTracker", "cuda_reset_peak", "cuda_peaks", "reset_rss_peak", "rss_peak", "GB"]
+__all__ = ["LiveTensorTracker", "CudaPeak", "cuda_peak", "reset_rss_peak", "rss_peak", "GB"]
 
 GB = 2**30
 """Bytes per "GB" in reported values (binary GiB, as Ultralytics reports GPU memory)."""
@@ -329,44 +331,53 @@ def _cuda_device(device: torch.device | str | int | None) -> torch.device:
     return device
 
 
-def cuda_reset_peak(device: torch.device | str | int | None = None) -> None:
-    """Reset the CUDA caching allocator's peak statistics of ``device``.
+@dataclass
+class CudaPeak:
+    """The CUDA allocator's figures over a block (``cuda_peak``).
 
-    Args:
-        device: CUDA device (``"cuda"``, ``"cuda:1"``, ``torch.device``, index,
-            or ``None`` for the current device).
-
-    Examples:
-        >>> cuda_reset_peak("cuda:0")  # doctest: +SKIP
-        >>> y = torch.ones(1024, device="cuda:0") * 2  # doctest: +SKIP
-        >>> cuda_peaks("cuda:0")[0] >= 2 * 4096  # doctest: +SKIP
-        True
+    Attributes:
+        before (int): ``memory_allocated`` when the block started.
+        allocated (int): ``max_memory_allocated`` over the block (set when it ends).
+        reserved (int): ``max_memory_reserved`` over the block (set when it ends).
     """
-    torch.cuda.reset_peak_memory_stats(_cuda_device(device))
+
+    before: int = 0
+    allocated: int = 0
+    reserved: int = 0
 
 
-def cuda_peaks(device: torch.device | str | int | None = None) -> tuple[int, int]:
-    """Return ``(max_memory_allocated, max_memory_reserved)`` in bytes since the last reset.
+@contextmanager
+def cuda_peak(device: torch.device | str | int | None = None) -> Iterator[CudaPeak]:
+    """The caching allocator's peaks over the block on a CUDA ``device``, every stream synchronised at both ends (the
+    one place that resets the peak statistics around a measured step or epoch).
 
-    Read from :func:`torch.cuda.memory_stats` (same numbers as
-    :func:`torch.cuda.max_memory_allocated` / :func:`torch.cuda.max_memory_reserved`),
-    but a missing statistic raises instead of silently reading as 0.
+    The peaks are read from :func:`torch.cuda.memory_stats` (the numbers :func:`torch.cuda.max_memory_allocated` and
+    :func:`torch.cuda.max_memory_reserved` give), but a missing statistic raises instead of reading as 0.
 
     Args:
-        device: CUDA device, as for :func:`cuda_reset_peak`.
-
-    Returns:
-        Peak bytes held by tensors, and peak bytes reserved by the caching allocator.
+        device: CUDA device (``"cuda"``, ``"cuda:1"``, ``torch.device``, index, or ``None`` for the current device).
 
     Raises:
-        RuntimeError: If the allocator has no statistics for ``device`` (e.g.
-            nothing was ever allocated on it).
+        ValueError: If ``device`` is not a CUDA device (on entering the block).
+        RuntimeError: If the allocator has no peak statistics for ``device`` (when the block ends).
+
+    Examples:
+        >>> with cuda_peak("cuda:0") as peak:  # doctest: +SKIP
+        ...     y = torch.ones(1024, device="cuda:0") * 2
+        >>> peak.allocated - peak.before >= 2 * 4096  # doctest: +SKIP
+        True
     """
-    stats = torch.cuda.memory_stats(_cuda_device(device))
+    device = _cuda_device(device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    peak = CudaPeak(torch.cuda.memory_allocated(device))
+    yield peak
+    torch.cuda.synchronize(device)
+    stats = torch.cuda.memory_stats(device)
     try:
-        return int(stats["allocated_bytes.all.peak"]), int(stats["reserved_bytes.all.peak"])
+        peak.allocated, peak.reserved = int(stats["allocated_bytes.all.peak"]), int(stats["reserved_bytes.all.peak"])
     except KeyError as e:
-        raise RuntimeError(f"CUDA allocator has no statistic {e} for {device!r}") from e
+        raise RuntimeError(f"CUDA allocator has no statistic {e} for {device}") from e
 
 
 # ----------------------------------------------------------------------- process RSS

@@ -11,8 +11,8 @@ plans take a mode per unit, the stem (the first stage) and the stage after it ar
 one region as ``checkpoint_stages=[1,2]`` makes it (``stages.joined_stages``), which no plan takes with either
 stage: it keeps no stem output, and its recompute holds both stages' tensors. A unit
 and its parts are measured together, as one mode of ``UNIT_MODES`` (``"full+parts:selective"``: the stage full, each
-part of it selective inside), since what the parts save depends on what holds them. Where the model's plans take no
-mode per region (``per_region_modes``), one of ``full``/``selective`` for all units, neck and head layer together.
+part of it selective inside), since what the parts save depends on what holds them. The trade-off table's plans
+(``Costs.mixed`` false) take one of ``full``/``selective`` for all units, neck and head layer together.
 Each unit is measured once per
 mode, alone, in a training step at batch 1 on a copy of the model: the bytes it stops keeping for backward, the peak
 of the step's backward from the moment it reaches the unit, the FLOPs its recompute adds, and — once that bounded step
@@ -165,8 +165,8 @@ class Over:
     target: int
 
 
-def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, costs: Costs,
-                      objects: int = 50, amp: torch.dtype | None = None) -> tuple[int | None, bool]:
+def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, objects: int = 50,
+                      amp: torch.dtype | None = None) -> tuple[int | None, bool]:
     """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``
     (``measure_copy`` on ``c.copy(model)``). The copy itself, and the dry run that resolves its parts, may not fit a
     device that holds less than it said: that too is "does not fit"."""
@@ -282,8 +282,8 @@ class _Probe:
         key = (*c.key, self.batch)
         got = self.measured.get(key)
         if got is None or isinstance(got, Over) and got.target < self.target:  # a larger target may hold it
-            got, extra = measure_candidate(self.model, c, self.imgsz, self.batch, self.target, self.costs,
-                                           self.objects, self.amp)
+            got, extra = measure_candidate(self.model, c, self.imgsz, self.batch, self.target, self.objects,
+                                           self.amp)
             got = self.measured[key] = Over(self.target) if got is None else got
             self.extrapolated |= extra
         got = None if isinstance(got, Over) else got
@@ -370,7 +370,7 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
     sizes = {}  # the plans predicted to keep about the least, measured at that batch: the least sets the batch
     measured = {}  # the same steps for ``choose_plan`` (a plan that did not fit there is not measured again)
     for c in near:
-        got, extra = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), costs, objects, amp)
+        got, extra = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), objects, amp)
         if not extra:  # an extrapolated step is measured again there, so that the choice says it is one
             measured[(*c.key, first.batch)] = Over(step_target(first.batch)) if got is None else got
         if got is not None:

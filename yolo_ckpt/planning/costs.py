@@ -16,7 +16,6 @@ from ..memory.tracker import LiveTensorTracker
 from ..regions.graph import joined_stages, model_parts, model_stages
 from ..regions.recompute import MODES
 from ..regions.settings import PlanSettings
-from ..regions.spec import CheckpointConfigError
 from .autobatch import probe_room
 from .units import HEAD, LOSS, NECK, UNIT_MODES, Candidate, Layout, is_joined
 
@@ -88,8 +87,9 @@ class Costs:
         grads (int): Bytes of the parameter gradients, which backward peaks hold at most and which no batch scales.
         head (tuple | None): The head's regions as ``(first, last)`` ranges (``Candidate.head``).
         layout (tuple | None): Each unit's ``Layout`` (``Candidate.layout``).
-        mixed (bool): The model's plans take a mode per region (``per_region_modes``): candidates may then recompute
-            each unit in its own mode, its parts' modes included where the unit has block layers.
+        mixed (bool): Plans take a mode per region (``unit_costs`` measures every model so): candidates may then
+            recompute each unit in its own mode, its parts' modes included where the unit has block layers; false,
+            one of ``full``/``selective`` for all units (the trade-off table's plans, as the user's keys write them).
         loss (dict): ``checkpoint_loss value -> Phases`` with only the loss recomputed, for the loss plans planning
             may choose (``install.auto_loss_modes``); empty where the loss plan is the run's (every copy carries it).
     """
@@ -174,16 +174,6 @@ def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torc
     return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
 
 
-def per_region_modes(model: nn.Module) -> bool:
-    """Whether ``checkpoint_layers`` on this model takes a mode per region (``"0:selective"``); the grammar of
-    regions inside layers brings it."""
-    try:
-        PlanSettings.of(layers=["0:selective"]).resolve(model)
-    except (CheckpointConfigError, TypeError, ValueError):
-        return False
-    return True
-
-
 def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None,
                loss_modes: tuple = ()) -> Costs:
     """Measure the plain step and each unit alone, in each mode (its parts' too where the model's plans take modes
@@ -197,8 +187,7 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     """
     stages = model_stages(model)
     head = tuple((r[0], r[-1]) for r in PlanSettings.of(layers=HEAD).resolve(model).layer_regions)
-    mixed = per_region_modes(model)
-    layout = _layout(model, stages, head, mixed)
+    layout = _layout(model, stages, head)
     units = [w.unit for w in layout]
     where = {w.unit: w for w in layout}
     costs = {}
@@ -227,15 +216,15 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
     plain = costs.pop((None, "full"))
     loss = {mode: costs.pop((LOSS, mode)) for mode in loss_modes if (LOSS, mode) in costs}
     return Costs(units, plain, {k: v for k, v in costs.items() if k[0] in units}, grad_bytes(model), head, layout,
-                 mixed, loss)
+                 mixed=True, loss=loss)
 
 
-def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[Layout, ...]:
-    """Each unit's ``Layout``. Its block layers (``Layout.nests``, only where plans take modes per region) are
-    those whose parts are blocks of their own (a part with modules inside: C3k2's ``cv1``/``m.0``/``cv2``, Detect's
-    branches), not a ``Conv``'s convolution and BatchNorm, which recomputed apart keep nothing less. Where plans take
-    a mode per unit and the stem's output feeds only the next stage, the two as one unit, after the second."""
-    parts = model_parts(model) if mixed else {}
+def _layout(model: nn.Module, stages: dict, head: tuple) -> tuple[Layout, ...]:
+    """Each unit's ``Layout``. Its block layers (``Layout.nests``) are those whose parts are blocks of their own (a
+    part with modules inside: C3k2's ``cv1``/``m.0``/``cv2``, Detect's branches), not a ``Conv``'s convolution and
+    BatchNorm, which recomputed apart keep nothing less. Where the stem's output feeds only the next stage, the two
+    are one unit too, after the second (plans of one mode for all take neither: ``Costs.groups``)."""
+    parts = model_parts(model)
 
     def composite(i: int) -> bool:
         return any(next(model.model[i].get_submodule(p).children(), None) is not None
@@ -245,7 +234,7 @@ def _layout(model: nn.Module, stages: dict, head: tuple, mixed: bool) -> tuple[L
         return tuple(i for a, b in ranges for i in range(a, b + 1) if composite(i))
 
     spans = [(k, ((layers[0], layers[-1]),)) for k, layers in sorted(stages.items())]
-    if mixed and len(stages) > 1 and (second := sorted(stages)[1]) in joined_stages(model):
+    if len(stages) > 1 and (second := sorted(stages)[1]) in joined_stages(model):
         first = min(stages)
         at = next(i for i, (u, _) in enumerate(spans) if u == second) + 1
         spans.insert(at, ((first, second), ((stages[first][0], stages[second][-1]),)))

@@ -117,7 +117,7 @@ def next_plan(model: nn.Module, settings: PlanSettings, imgsz: int, batch: int, 
         current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
         measured = True
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
-        got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
+        got, _ = measure_candidate(model, c, imgsz, batch, None, objects, amp)
         # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
         # auto wrote it as a per-unit plan, would be chosen again)
         if got is not None and (not measured or got < current):

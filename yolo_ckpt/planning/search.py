@@ -14,7 +14,7 @@ from torch import nn
 from ..regions.graph import model_stages
 from ..regions.recompute import MODES
 from ..regions.settings import PlanSettings
-from .costs import Costs, _layout, per_region_modes
+from .costs import Costs, _layout
 from .units import HEAD, NESTED, Candidate, is_joined
 
 MAX_SPACE = 3**8  # candidate plans listed one by one at most; beyond, only those no other beats (``_front_plans``)
@@ -156,12 +156,12 @@ def least_keeping(costs: Costs, batch: int = 1, fixed: int = 0) -> Candidate:
 
 def deepest(model: nn.Module) -> PlanSettings:
     """The settings of the plan that recomputes the most, known without measuring anything: every unit (each stage,
-    the stem in stage 2's region where plans take a mode per region, the neck, the head layer) full, and, where the
-    model's plans take a mode per region, each of its block layers' parts a full region nested inside (``NESTED``).
+    the stem in stage 2's region, the neck, the head layer) full, and each of its block layers' parts a full region
+    nested inside (``NESTED``).
     Escalation takes it as the plan that keeps the least until the units are measured (``least_keeping``). Builds
     ``checkpoint_layers=head`` with a dry run: call it where memory is free."""
     head = tuple((r[0], r[-1]) for r in PlanSettings.of(layers=HEAD).resolve(model).layer_regions)
-    layout = _layout(model, model_stages(model), head, per_region_modes(model))
+    layout = _layout(model, model_stages(model), head)
     joined = {k for w in layout if is_joined(w.unit) for k in w.unit}  # the stem in stage 2's region
     layout = tuple(w for w in layout if w.unit not in joined)
     modes = tuple(NESTED if w.nests else "full" for w in layout)

@@ -154,8 +154,7 @@ class Candidate:
         for neck and head layer, or the regions of the one of them recomputed, ``checkpoint_mode``). Otherwise every
         region in ``checkpoint_layers``: each unit's layer ranges with its mode as a suffix where it is not ``full``
         (``"0-2:selective"``), and where its parts are recomputed each part of its block layers (``"2.*"``,
-        ``"2.*:selective"``), inside those ranges when they are recomputed too (``per_region_modes``: only such models
-        get these plans).
+        ``"2.*:selective"``), inside those ranges when they are recomputed too.
         """
         if self.mode in MODES:
             stages = [k for u in self.units for k in unit_stages(u)]

@@ -138,6 +138,9 @@ def _training(model: nn.Module) -> bool:
     return model.training and torch.is_grad_enabled()
 
 
+# The loops take ``plan`` without reading it: bound after the model in their ``partial`` (``enable_checkpointing``), it
+# is the record of the installed plan that ``checkpoint_plan`` reads back (``args[1]``), as ``checkpoint_mode`` reads
+# ``mode`` (``args[2]``).
 def _predict_once(model: nn.Module, plan: CheckpointPlan, mode: str, wiring: dict[int, _Wiring], x, profile=False,
                   embed=None):
     """``BaseModel._predict_once`` with each plan region recomputed in backward (same signature, same result)."""

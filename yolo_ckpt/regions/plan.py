@@ -218,11 +218,11 @@ def _layer_regions(model: Any, spans: list[Span] | None, spec: Any,
                 own = len(run) > 1 and part_container(run[0], parts[s.first]) == "" and not isinstance(
                     layers[s.first], nn.Sequential)
                 regions.append(Region((), (s.first,), run, s.mode, parts[s.first][""] if own else ()))
-    _check_parts([r for r in regions if r.parts], parts, spec, model)
+    _check_parts([r for r in regions if r.parts], spec, model)
     return regions
 
 
-def _check_parts(regions: list[Region], parts: dict[int, dict[str, tuple[str, ...]]], spec: Any, model: Any) -> None:
+def _check_parts(regions: list[Region], spec: Any, model: Any) -> None:
     """Part regions of one layer may nest (a part inside a run or inside a larger part) but not overlap; and a layer
     has at most one run of several of the parts its own code calls (the recompute of such a run replays the layer's
     forward: ``yolo_ckpt.regions.install``)."""

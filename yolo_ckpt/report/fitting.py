@@ -32,8 +32,9 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ..memory.device import MemoryLimit, cuda_peak, device_memory, unless_oom
+from ..memory.device import MemoryLimit, device_memory, unless_oom
 from ..memory.step import batch_bytes, planned_copy, state_bytes, step_cost, time_steps, training_batch, with_plan
+from ..memory.tracker import cuda_peak
 from ..planning.autobatch import probe_room
 from ..regions.install import disable_checkpointing
 from ..regions.settings import PlanSettings

@@ -18,7 +18,7 @@ from copy import deepcopy
 from typing import Any
 
 import torch
-from ultralytics.utils import LOGGER, colorstr
+from ultralytics.utils import LOGGER, WINDOWS, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
 from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing
@@ -32,9 +32,27 @@ PREFIX = colorstr("checkpoint:")
 COMPARE_ROUNDS = 3  # timed rounds of the two steps (median): a figure reported to the user, whatever planning times
 
 
-def autocast_dtype(trainer: Any) -> torch.dtype | None:
-    """The autocast dtype of the trainer's forward, as Ultralytics' train loop picks it, ``None`` for fp32."""
-    return torch.bfloat16 if trainer.args.amp == "bf16" else torch.float16 if trainer.amp else None
+def training_formats(args: Any, device: Any, amp: bool | None = None) -> tuple[torch.dtype | None, bool]:
+    """``(autocast dtype or None, channels_last)`` a run trains with, as Ultralytics' trainer picks them
+    (``_setup_train`` and the train loop's ``autocast``): ``amp=bf16`` as bfloat16, float16 where AMP is on, ``None``
+    for fp32; channels_last on CUDA only, ``channels_last=None`` meaning on (but on Windows).
+
+    Args:
+        args: The run's settings (``amp``, ``channels_last``).
+        device: The training device (a ``torch.device``).
+        amp: The trainer's AMP state (``trainer.amp``) once it has run Ultralytics' AMP check; ``None`` before there
+            is a trainer (``yolo-ckpt profile``), when AMP is taken as ``args.amp`` asks on CUDA and off elsewhere,
+            where Ultralytics' AMP check turns it off.
+
+    Returns:
+        The autocast dtype of the forward (``None``: full precision) and whether the model is channels_last.
+    """
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    if amp is None and not cuda:
+        return None, False
+    amp = bool(args.amp) if amp is None else amp
+    dtype = torch.bfloat16 if args.amp == "bf16" else torch.float16 if amp else None
+    return dtype, cuda and (args.channels_last is True or (args.channels_last is None and not WINDOWS))
 
 
 def run_peak(csv_file: Any) -> tuple[str, float] | None:
@@ -77,7 +95,7 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
     try:  # each step within what the device has free: a step that does not fit is a row with fits=False
         ours = PlanSettings.of(plan.stages, mode or Mode.FULL, layers, loss or "none")
         rows = compare_plans(copy, imgsz, batch, {"vanilla": PlanSettings(), name: ours}, COMPARE_ROUNDS,
-                             amp=autocast_dtype(trainer))
+                             amp=training_formats(trainer.args, trainer.device, trainer.amp)[0])
     finally:
         del copy
     if over := [r["plan"] for r in rows if not r["fits"]]:
