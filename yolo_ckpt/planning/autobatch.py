@@ -68,13 +68,20 @@ def parse_memory(value: str | float | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def probe_room(model: nn.Module, target: int) -> ProbeRoom:
-    """What a probe step on ``model`` (a planning copy, already on its device) may reach now: ``target`` step bytes,
-    and what the device has free (``device.device_memory``) plus the model state that step bytes count but a probe
-    does not allocate (the copy's weights are resident already, EMA and moments do not exist yet)."""
+def probe_room(model: nn.Module, target: int | None = None) -> ProbeRoom:
+    """What a probe step on ``model`` (a planning copy, already on its device) may reach now: ``target`` step bytes
+    (``None``: no share, the device alone bounds it), and what the device has free (``device.device_memory``) plus
+    the model state that step bytes count but a probe does not allocate (the copy's weights are resident already, EMA
+    and moments do not exist yet)."""
     dev = device_memory(next(model.parameters()).device)
     room = None if dev is None else dev.tensor_bytes(dev.free) + state_bytes(model)
     return ProbeRoom(target, room)
+
+
+def _least(*bounds: int | None) -> int | None:
+    """The smallest of the known ``bounds``; ``None`` (no limit) when none is known."""
+    known = [b for b in bounds if b is not None]
+    return min(known) if known else None
 
 
 @dataclass(frozen=True)
@@ -86,31 +93,33 @@ class ProbeRoom:
     probe that does not fit.)
 
     Attributes:
-        target (int): The share it must fit.
+        target (int | None): The share it must fit (``None``: no share).
         device (int | None): What the device can hold for it now (``None``: no limit).
         loop (int): Bytes per image the training loop holds beside a step (``step.loop_bytes`` at batch 1), which
             count against the share but which a probe does not allocate (0: none counted).
     """
 
-    target: int
+    target: int | None
     device: int | None
     loop: int = 0
 
     @property
-    def limit(self) -> int:
-        """The smaller of share and device."""
-        return self.target if self.device is None else min(self.target, self.device)
+    def limit(self) -> int | None:
+        """The smaller of share and device (``None``: neither bounds a probe)."""
+        return _least(self.target, self.device)
 
-    def step_limit(self, batch: int) -> int:
+    def step_limit(self, batch: int) -> int | None:
         """The most a probe step at ``batch`` may reach: the share less the loop's batches, and the device."""
-        share = self.target - self.loop * batch
-        return share if self.device is None else min(share, self.device)
+        return _least(None if self.target is None else self.target - self.loop * batch, self.device)
 
     def bounded(self, batch: int, measured: int, static: int, cap: int) -> int:
         """The largest batch ``b'`` up to ``cap`` whose bound from a step of ``measured`` bytes at ``batch`` fits:
         ``static + (measured - static) · b' / batch + loop · b'`` within the share, and the step's own bound within
         the device."""
-        share = (self.target - static) * batch // (measured - static + self.loop * batch)
+        if self.target is None:  # no share: the device and ``cap`` alone bound it
+            share = cap
+        else:
+            share = (self.target - static) * batch // (measured - static + self.loop * batch)
         device = share if self.device is None else (self.device - static) * batch // (measured - static)
         return min(max(int(min(share, device)), 0), cap)
 

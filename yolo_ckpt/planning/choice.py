@@ -189,18 +189,17 @@ def measure_copy(m: nn.Module, imgsz: int, batch: int, target: int | None, objec
     less the optimizer's moments and the training loop's other batches at ``batch``, is the target (escalation, with
     the training state resident).
     """
-    room = probe_room(m, 2**62 if target is None else target)
+    room = probe_room(m, target)
     if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
         # and for the training loop's other batches, released with the failed step (``step.loop_bytes``)
         less = 2 * grad_bytes(m) + loop_bytes(m, imgsz, batch, objects)
         free = None if room.device is None else room.device - less
-        room = ProbeRoom(free if free is not None else room.target, free)
-        target = room.target
-    if room.device is None or room.device >= target:
+        room = ProbeRoom(free, free)  # no device limit: no target either
+    if room.device is None or room.target is None or room.device >= room.target:
         got = probe_step(m, imgsz, batch, objects, amp, room.limit)
         return got, False
     try:
-        p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp, loop=False)
+        p = plan_batch(m, imgsz, room.target, 1.0, max_batch=batch, objects=objects, amp=amp, loop=False)
     except ValueError:
         return None, False
     return (p.measured_bytes if p.batch >= batch else None), p.extrapolated
@@ -325,7 +324,7 @@ def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects
     """An upper bound on ``c``'s step at ``batch``, from its step at batch 1 (memory is ``a·b + c`` with ``c >= 0``),
     so that a budget said to fit it does."""
     with c.copy(model) as m:
-        one = probe_step(m, imgsz, 1, objects, amp, probe_room(m, 2**62).limit)
+        one = probe_step(m, imgsz, 1, objects, amp, probe_room(m).limit)
         static = state_bytes(m)
     if one is None:
         raise NothingFits(f"checkpoint_stages=auto: not even batch 1 of {describe(c)} fits the device at imgsz "

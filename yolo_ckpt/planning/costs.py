@@ -162,7 +162,7 @@ def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torc
     device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy and batch
     (the same step, so the memory it needs is what was just measured within the bound)."""
     c.installs.install(m)  # as ``Candidate.copy`` installs it
-    room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
+    room = probe_room(m).device  # step bytes the device holds for a probe now
     data = training_batch(m, imgsz, 1, objects)
     limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
     device = next(m.parameters()).device

@@ -121,13 +121,13 @@ def next_plan(model: nn.Module, settings: PlanSettings, imgsz: int, batch: int, 
         # plan of parts above stage 1 alone, which keeps more)
         with planned_copy(model, settings) as m:
             got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
-        current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
+        current = got  # None: over what the device holds, so any plan measured to fit keeps less
         measured = True
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
         got, _ = measure_candidate(model, c, imgsz, batch, None, costs, objects, amp)
         # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
         # auto wrote it as a per-unit plan, would be chosen again)
-        if got is not None and (not measured or got < current):
+        if got is not None and (not measured or current is None or got < current):
             return c.settings, got
     return least_keeping(costs, batch, fixed).settings, None
 

@@ -61,7 +61,7 @@ class Fit:
 
 def device_room(model: nn.Module) -> int | None:
     """Step bytes the device of ``model`` (a copy, on its device) holds for a probe now; ``None``: no limit."""
-    return probe_room(model, 2**62).device  # no share: a profile is bounded by the device alone
+    return probe_room(model).device  # no share: a profile is bounded by the device alone
 
 
 def fitting_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None = None) -> Fit | None:
