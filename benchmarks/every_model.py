@@ -25,6 +25,7 @@ from pathlib import Path
 from yolo_ckpt.integration.cli import profile
 from yolo_ckpt.memory.step import (
     OBJECTS_PER_IMAGE,
+    StepShape,
     build_model,
     loop_bytes,
     state_bytes,
@@ -54,7 +55,7 @@ def fresh_step(model, plan: PlanSettings | None, imgsz: int, batch: int) -> int:
     m = model if plan is None else with_plan(model, plan.with_loss(None))
     m.zero_grad(set_to_none=True)
     with LiveTensorTracker() as t:
-        data = training_batch(m, imgsz, batch, OBJECTS)
+        data = training_batch(m, StepShape(imgsz, batch, OBJECTS))
         m.loss(data)[0].sum().backward()
     m.zero_grad(set_to_none=True)
     return state_bytes(m) + t.peak
@@ -64,7 +65,8 @@ def check(name: str, imgsz: int, batch: int, candidates: bool = True) -> list[tu
     """Each planning path on ``name``: (path, passed, what it found). ``candidates=False``: ``profile`` without its
     candidates table (``cli.profile``), which no line here checks and which is most of a profile's time."""
     model, out = build_model(name), []
-    costs = unit_costs(model, imgsz, OBJECTS)  # measured once: profile's tradeoffs and every plan below use them
+    # measured once: profile's tradeoffs and every plan below use them
+    costs = unit_costs(model, StepShape(imgsz, objects=OBJECTS))
     with tempfile.TemporaryDirectory() as tmp:
         profile([f"model={name}", f"imgsz={imgsz}", "batch=1", f"project={tmp}", "name=p"], costs=costs,
                 candidates=candidates)
@@ -75,24 +77,24 @@ def check(name: str, imgsz: int, batch: int, candidates: bool = True) -> list[tu
     vanilla, least = fresh_step(model, None, imgsz, batch), fresh_step(model, deepest(model), imgsz, batch)
     out.append(("least-keeping plan", least < vanilla, f"{least / 2**20:.1f} of vanilla's {vanilla / 2**20:.1f} MiB"))
     target = (least + vanilla) // 2
-    choice = choose_plan(model, imgsz, batch, target, OBJECTS, costs=costs)
+    choice = choose_plan(model, StepShape(imgsz, batch, OBJECTS), target, costs=costs)
     got = fresh_step(model, choice.candidate.settings, imgsz, batch)
     out.append(("auto (fixed batch)", bool(choice.plan.regions) and got <= target,
                 f"{choice.plan.describe(choice.candidate.settings.mode)}: {got / 2**20:.1f} MiB of "
                 f"{target / 2**20:.1f}"))
-    plan, _ = next_plan(model, PlanSettings(), imgsz, batch, OBJECTS, None, costs)
+    plan, _ = next_plan(model, PlanSettings(), StepShape(imgsz, batch, OBJECTS), costs)
     got = fresh_step(model, plan, imgsz, batch)
     out.append(("escalation from vanilla", got < vanilla, f"{got / 2**20:.1f} of {vanilla / 2**20:.1f} MiB"))
 
-    one = fresh_step(model, None, imgsz, 1) + loop_bytes(model, imgsz, 1, OBJECTS)
-    share = (one + fresh_step(model, deepest(model), imgsz, 1) + loop_bytes(model, imgsz, 1, OBJECTS)) // 2
-    batched = choose_plan_and_batch(model, imgsz, int(share / 0.6) + 1, 0.6, OBJECTS, max_batch=4,
+    one = fresh_step(model, None, imgsz, 1) + loop_bytes(model, StepShape(imgsz, 1, OBJECTS))
+    share = (one + fresh_step(model, deepest(model), imgsz, 1) + loop_bytes(model, StepShape(imgsz, 1, OBJECTS))) // 2
+    batched = choose_plan_and_batch(model, StepShape(imgsz, objects=OBJECTS), int(share / 0.6) + 1, 0.6, max_batch=4,
                                     costs=costs)
     b = batched.batch
-    got = fresh_step(model, batched.candidate.settings, imgsz, b) + loop_bytes(model, imgsz, b, OBJECTS)
+    got = fresh_step(model, batched.candidate.settings, imgsz, b) + loop_bytes(model, StepShape(imgsz, b, OBJECTS))
     out.append(("AutoBatch with auto", bool(batched.plan.regions) and got <= share,
                 f"batch {b}: {got / 2**20:.1f} MiB of {share / 2**20:.1f} (vanilla's batch 1: {one / 2**20:.1f})"))
-    val = validation_bytes(model, imgsz, 2 * batch, OBJECTS)
+    val = validation_bytes(model, StepShape(imgsz, 2 * batch, OBJECTS))
     out.append(("validation", val > state_bytes(model), f"{val / 2**20:.1f} MiB at batch {2 * batch}"))
     return out
 

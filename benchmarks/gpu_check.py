@@ -86,7 +86,7 @@ from ultralytics.utils import LOGGER, YAML  # noqa: E402
 
 from yolo_ckpt import YOLO  # noqa: E402
 from yolo_ckpt.data.synthetic import synthetic_dataset  # noqa: E402
-from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan  # noqa: E402
+from yolo_ckpt.memory.step import StepShape, build_model, measure_peak, training_batch, with_plan  # noqa: E402
 from yolo_ckpt.memory.tracker import CudaPeak, LiveTensorTracker, cuda_peak  # noqa: E402
 from yolo_ckpt.planning import costs  # noqa: E402
 from yolo_ckpt.planning.autobatch import plan_batch  # noqa: E402
@@ -273,7 +273,7 @@ def step_against_allocator(device: str, plan: tuple, imgsz: int, batch: int, amp
     built = build_model("yolo11n.yaml").to(dev).to(memory_format=torch.channels_last)
     model = with_plan(built, PlanSettings.of(*plan))
     del built
-    data = training_batch(model, imgsz, batch)
+    data = training_batch(model, StepShape(imgsz, batch))
     try:
         measure_peak(model, data, amp)
         with cuda_peak(dev) as peak:  # peak.before: model and batch, alive through the step
@@ -412,7 +412,8 @@ def whole_run(quick: bool, device: str) -> Section:
     size = {"fraction": batch} if quick else {}  # made the final validation run out (the meter enters the device)
     objects = 4 * max(len(f.read_text().splitlines())  # mosaic, as the trainer counts the dataset's labels
                       for f in (synthetic_dataset("detect").parent / "labels" / "train").glob("*.txt"))
-    vanilla = step_bytes(build_model("yolo11n.yaml").to(0 if device == "cuda" else "cpu"), imgsz, batch, objects)
+    vanilla = step_bytes(build_model("yolo11n.yaml").to(0 if device == "cuda" else "cpu"),
+                         StepShape(imgsz, batch, objects))
     release(device)
     budget = int(vanilla * (0.8 if quick else 1 / 3) / 0.6)  # quick: at 128 px the model state is most of a step
     share = int(0.6 * budget)
@@ -470,7 +471,7 @@ def autobatch(quick: bool, device: str) -> str:
         budget = 2**28 if quick else 2**30
     amp = torch.float16 if device == "cuda" else None
     for name, m in plans.items():
-        p = plan_batch(deepcopy(m), imgsz, budget, fraction=0.6, objects=200, amp=amp)
+        p = plan_batch(deepcopy(m), StepShape(imgsz, objects=200, amp=amp), budget, fraction=0.6)
         lines.append(f"| {name} | memory_budget={budget / 2**30:g}GB, 60% | {p.batch} | measured "
                      f"{p.measured_bytes / 2**30:.2f} of {p.target_bytes / 2**30:.2f} GB (exact tensors) |")
     return f"imgsz {imgsz}, yolo11n\n\n" + "\n".join(lines)
@@ -479,7 +480,7 @@ def autobatch(quick: bool, device: str) -> str:
 def compiled_step(quick: bool, device: str, backend: str) -> str:
     imgsz, repeats = (64, 2) if quick else (640, 5)
     model = build_model("yolo11n.yaml").to(device)
-    batch = training_batch(model, imgsz, 4)
+    batch = training_batch(model, StepShape(imgsz, 4))
     ckpt = with_plan(model, PlanSettings.of([2, 3]))
     rows = ["| step | graphs | graph breaks | CUDA peak MiB | median step s |", "|---|---|---|---|---|"]
 

@@ -21,7 +21,7 @@ import argparse
 
 import torch
 
-from yolo_ckpt.memory.step import build_model, measure_peak, training_batch, with_plan
+from yolo_ckpt.memory.step import StepShape, build_model, measure_peak, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.regions.loss.install import LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.regions.settings import PlanSettings
@@ -77,7 +77,7 @@ def main() -> None:
     for name in a.models:
         model = build_model(name)
         for imgsz in a.imgsz:
-            data = training_batch(model, imgsz, a.batch)
+            data = training_batch(model, StepShape(imgsz, a.batch))
             vanilla = measure_peak(model, data).peak
             checkpointed = with_plan(model, PlanSettings.of("all", "full", "head"))
             whole = measure_peak(checkpointed, data).peak

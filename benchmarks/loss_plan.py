@@ -30,7 +30,7 @@ import ast
 
 import torch
 
-from yolo_ckpt.memory.step import build_model, measure_peak, time_steps, training_batch, with_plan
+from yolo_ckpt.memory.step import StepShape, build_model, measure_peak, time_steps, training_batch, with_plan
 from yolo_ckpt.planning import costs, search, units
 from yolo_ckpt.regions.loss.install import LOSS_MODES, LOSS_TASKS, enable_loss_checkpointing
 from yolo_ckpt.regions.settings import PlanSettings
@@ -46,7 +46,7 @@ def network_plans(model: torch.nn.Module, least_keeping: int | None, objects: in
     if least_keeping:
         costs.TIMED_STEPS = 0  # the plan that keeps the least is chosen by bytes alone
         enable_loss_checkpointing(model, planned_with)  # every planning copy carries the model's loss plan
-        c = search.least_keeping(costs.unit_costs(model, least_keeping, objects), batch)
+        c = search.least_keeping(costs.unit_costs(model, StepShape(least_keeping, objects=objects)), batch)
         enable_loss_checkpointing(model, "none")
         told = "" if planned_with == "none" else f" (planned with loss {planned_with})"
         plans.append((f"least-keeping{told}: {units.describe(c)}", c.settings.with_loss(None)))
@@ -75,7 +75,7 @@ def main() -> None:
     for name in a.models:
         torch.manual_seed(0)
         model = build_model(name)
-        data = training_batch(model, a.imgsz, a.batch, a.objects)
+        data = training_batch(model, StepShape(a.imgsz, a.batch, a.objects))
         rows = network_plans(model, a.least_keeping, a.objects, a.batch, extra, a.planned_with)
         plans = [model]
         for _, spec in rows:

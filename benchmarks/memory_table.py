@@ -22,7 +22,7 @@ import argparse
 import torch
 from whole_network import THIRD
 
-from yolo_ckpt.memory.step import build_model, measure_peak, step_bytes, training_batch
+from yolo_ckpt.memory.step import StepShape, build_model, measure_peak, step_bytes, training_batch
 from yolo_ckpt.planning.choice import choose_plan
 from yolo_ckpt.planning.costs import unit_costs
 from yolo_ckpt.planning.units import describe
@@ -41,15 +41,15 @@ AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 def auto_plans(model, imgsz: int, batch: int, amp, shares: list[float]) -> dict:
     """``checkpoint_stages=auto`` at each share of the vanilla step's peak (on top of model state and the batch,
     which no plan changes): the plans it chooses, named ``auto 50%: stages [...]``."""
-    costs = unit_costs(model, imgsz, amp=amp)
-    data = training_batch(model, imgsz, batch)
+    costs = unit_costs(model, StepShape(imgsz, amp=amp))
+    data = training_batch(model, StepShape(imgsz, batch))
     peak = measure_peak(model, data, amp).peak
-    fixed = step_bytes(model, imgsz, batch, amp=amp) - peak
+    fixed = step_bytes(model, StepShape(imgsz, batch, amp=amp)) - peak
     measured = {(None, batch): (fixed + peak, fixed)}  # each plan is measured once for all shares
     plans = {}
     for share in sorted(shares, reverse=True):  # largest first: a plan that did not fit a share fits no smaller one
         try:
-            c = choose_plan(model, imgsz, batch, fixed + int(share * peak), amp=amp, costs=costs,
+            c = choose_plan(model, StepShape(imgsz, batch, amp=amp), fixed + int(share * peak), costs=costs,
                             measured=measured).candidate
         except ValueError:
             plans[share] = (f"auto {share:.0%}: nothing fits", None)
@@ -84,8 +84,8 @@ def table(models: list[str], sizes: list[int], batch: int, amps: list[str], devi
                 unique = {}
                 for k in plans:
                     unique.setdefault(same[k], k)
-                rows = {r["plan"]: r for r in compare_plans(model, imgsz, batch, {k: plans[k] for k in unique.values()},
-                                                            repeats=repeats, amp=AMP[amp])}
+                rows = {r["plan"]: r for r in compare_plans(model, StepShape(imgsz, batch, amp=AMP[amp]),
+                                                            {k: plans[k] for k in unique.values()}, repeats=repeats)}
                 for r in ({**rows[unique[same[k]]], "plan": k} for k in plans):
                     row = (f"| {name} | {imgsz} | {batch} | {amp} | {r['plan']} | {r['peak_MiB']:.0f} "
                            f"| {r['peak_ratio']:.3f} | {r['flops_ratio']:.3f} | {r['time_ratio']:.3f} ({device}) |")

@@ -34,7 +34,7 @@ from ultralytics.utils import YAML
 
 from yolo_ckpt.data.synthetic import recipe
 from yolo_ckpt.memory.device import SimulatedDevice
-from yolo_ckpt.memory.step import planned_copy, state_bytes, step_bytes, training_batch
+from yolo_ckpt.memory.step import StepShape, planned_copy, state_bytes, step_bytes, training_batch
 from yolo_ckpt.planning.autobatch import parse_memory
 from yolo_ckpt.planning.choice import choose_plan
 from yolo_ckpt.planning.costs import unit_costs
@@ -58,8 +58,8 @@ def recipe_model(cfg: dict):
 def ranked_plans(model, imgsz: int, batch: int):
     """Stage 1: unit costs at batch 1, the fixed part (model state, the batch) and every candidate at ``batch``,
     cheapest FLOPs first."""
-    costs = unit_costs(model, imgsz)
-    data = training_batch(model, imgsz, batch)
+    costs = unit_costs(model, StepShape(imgsz))
+    data = training_batch(model, StepShape(imgsz, batch))
     fixed = state_bytes(model) + sum(t.untyped_storage().nbytes() for t in data.values())  # as step_bytes counts
     del data
     return costs, fixed, candidates(costs, batch, fixed)
@@ -84,7 +84,8 @@ def predicted(model, imgsz: int, batch: int, target: int) -> str:
 def extended_step(model, imgsz: int, batch: int) -> tuple[list[tuple[int, int]], float]:
     """Step bytes measured at ``batch`` / 8 and ``batch`` / 4 (at least 1 and 2) and extended along the line through
     them to ``batch``: the measured points and the bytes at ``batch``."""
-    (b1, m1), (b2, m2) = points = [(b, step_bytes(model, imgsz, b)) for b in (max(batch // 8, 1), max(batch // 4, 2))]
+    (b1, m1), (b2, m2) = points = [(b, step_bytes(model, StepShape(imgsz, b)))
+                                   for b in (max(batch // 8, 1), max(batch // 4, 2))]
     return points, m2 + (m2 - m1) / (b2 - b1) * (batch - b2)
 
 
@@ -106,7 +107,7 @@ def confirmed(model, imgsz: int, batch: int, target: int) -> str:
 def measured(model, imgsz: int, batch: int, target: int) -> str:
     """What ``choose_plan`` chooses, every step measured at ``batch``."""
     try:
-        c = choose_plan(model, imgsz, batch, target)
+        c = choose_plan(model, StepShape(imgsz, batch), target)
     except NothingFits as e:
         return str(e)
     how = "extrapolated from batches the device holds" if c.extrapolated else "measured"

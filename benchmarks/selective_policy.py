@@ -45,7 +45,15 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from yolo_ckpt.memory.step import build_model, measure_peak, step_flops, time_steps, training_batch, with_plan
+from yolo_ckpt.memory.step import (
+    StepShape,
+    build_model,
+    measure_peak,
+    step_flops,
+    time_steps,
+    training_batch,
+    with_plan,
+)
 from yolo_ckpt.regions import recompute
 from yolo_ckpt.regions.install import disable_checkpointing
 from yolo_ckpt.regions.plan import CheckpointPlan
@@ -107,7 +115,7 @@ class Ruled(nn.Module):
 
 def rows(model: nn.Module, imgsz: int, batch: int, repeats: int) -> list[dict]:
     """One row per rule (vanilla first): peak, bytes after forward, FLOPs, CPU and wall step time."""
-    data = training_batch(model, imgsz, batch)
+    data = training_batch(model, StepShape(imgsz, batch))
     ruled_models = {"vanilla": Ruled(model, None)}
     ruled_models.update({name: Ruled(with_plan(model, PlanSettings.of("all", "selective")), rule)
                          for name, rule in RULES.items()})
@@ -189,7 +197,7 @@ def op_breakdown(model: nn.Module, imgsz: int, batch: int, rounds: int = 3) -> _
     """Time every op of a plain training forward, flagging those inside the ``all`` plan's regions (the fastest of
     ``rounds`` forwards counts)."""
     layers = [model.model[i] for r in CheckpointPlan.from_spec(model, "all").regions for i in r.layers]
-    data = training_batch(model, imgsz, batch)
+    data = training_batch(model, StepShape(imgsz, batch))
     timers = [_timed_forward(model, layers, data) for _ in range(rounds)]
     model.zero_grad(set_to_none=True)
     return min(timers, key=lambda t: sum(v[1] for (name, _), v in t.ops.items() if name == "all"))

@@ -33,7 +33,7 @@ from ultralytics.utils import LOGGER
 from yolo_ckpt import YOLO
 from yolo_ckpt.data.synthetic import synthetic_dataset
 from yolo_ckpt.memory.device import SimulatedDevice, UntoldDevice, simulated_device
-from yolo_ckpt.memory.step import build_model, planned_copy, step_bytes
+from yolo_ckpt.memory.step import StepShape, build_model, planned_copy, step_bytes
 from yolo_ckpt.planning.autobatch import parse_memory, plan_batch
 from yolo_ckpt.regions.settings import PlanSettings
 from yolo_ckpt.regions.spec import CheckpointConfigError
@@ -102,10 +102,10 @@ def untold(project: str) -> None:
     with planned_copy(model, PlanSettings.of("all")) as m:
         with SimulatedDevice(parse_memory("1.5GB")) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])
-            told = plan_batch(m, 640, parse_memory("4GB"), 0.6)
+            told = plan_batch(m, StepShape(640), parse_memory("4GB"), 0.6)
         with UntoldDevice(parse_memory("1.5GB")) as dev:
             dev.track([*m.parameters(), *m.buffers()])
-            untold = plan_batch(m, 640, parse_memory("4GB"), 0.6)
+            untold = plan_batch(m, StepShape(640), parse_memory("4GB"), 0.6)
     ratio = untold.batch / told.batch
     print(f"{'PASS' if abs(ratio - 1) <= 0.25 else 'FAIL'} AutoBatch memory_budget=4GB, all stages, 640 px, 1.5 GB: "
           f"told batch {told.batch} (from {sorted(told.points)}), untold batch {untold.batch} (from "
@@ -123,10 +123,10 @@ def auto(project: str) -> None:
 def budget(project: str) -> None:
     model = build_model("yolo11n.yaml")
     with planned_copy(model, PlanSettings.of("all")) as m:
-        unlimited = plan_batch(m, 640, parse_memory("4GB"), 0.6)
+        unlimited = plan_batch(m, StepShape(640), parse_memory("4GB"), 0.6)
         with SimulatedDevice(parse_memory("1.5GB")) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])
-            small = plan_batch(m, 640, parse_memory("4GB"), 0.6)
+            small = plan_batch(m, StepShape(640), parse_memory("4GB"), 0.6)
     print(f"memory_budget=4GB, all stages, 640 px: unlimited device batch {unlimited.batch} (measured "
           f"{sorted(unlimited.points)}); 1.5 GB device batch {small.batch} (extrapolated={small.extrapolated} from "
           f"{sorted(small.points)}, device peak {gpu.peak / 2**30:.3f} GB); ratio {small.batch / unlimited.batch:.3f}")
@@ -145,7 +145,7 @@ def vanilla_step(imgsz: int) -> tuple[int, int]:
     image as the trainer counts them (the most in one image x4, mosaic), and those objects."""
     labels = synthetic_dataset("detect").parent / "labels" / "train"
     objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))
-    return step_bytes(build_model("yolo11n.yaml"), imgsz, 4, objects), objects
+    return step_bytes(build_model("yolo11n.yaml"), StepShape(imgsz, 4, objects)), objects
 
 
 def third_budget(imgsz: int, share: float = 0.33) -> int:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from yolo_ckpt.memory.step import build_model
+from yolo_ckpt.memory.step import StepShape, build_model
 from yolo_ckpt.report.profiler import compare_plans, standard_plans, write_profile
 from yolo_ckpt.report.tradeoff import plot_front, tradeoffs
 
@@ -39,7 +39,7 @@ def main() -> None:
     if a.front:
         front(model, a)
         return
-    rows = compare_plans(model, a.imgsz, a.batch, standard_plans(model), repeats=a.repeats)
+    rows = compare_plans(model, StepShape(a.imgsz, a.batch), standard_plans(model), repeats=a.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         png = write_profile(Path(tmp), [], rows)[3]
         a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def main() -> None:
 
 def front(model, a: argparse.Namespace) -> None:
     """Every candidate of ``auto`` measured (one step each), the Pareto front drawn and printed."""
-    extra = tradeoffs(model, a.imgsz, a.batch, a.budget)
+    extra = tradeoffs(model, StepShape(a.imgsz, a.batch), a.budget)
     a.front.parent.mkdir(parents=True, exist_ok=True)
     plot_front(extra["candidates"], a.front, extra["chosen"])
     print(f"{a.model}, imgsz {a.imgsz}, batch {a.batch}: {len(extra['candidates'])} candidate plans measured")

@@ -13,7 +13,7 @@ Usage:
 
 import argparse
 
-from yolo_ckpt.memory.step import build_model, step_flops, training_batch, with_plan
+from yolo_ckpt.memory.step import StepShape, build_model, step_flops, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.regions.graph import model_stages
 from yolo_ckpt.regions.settings import PlanSettings
@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     a = p.parse_args()
     model = build_model(a.model)
-    data = training_batch(model, a.imgsz, a.batch)
+    data = training_batch(model, StepShape(a.imgsz, a.batch))
     inputs = sum(t.untyped_storage().nbytes() for t in data.values())
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     plain = step(with_plan(model, PlanSettings.of([])), data)

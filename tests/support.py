@@ -37,7 +37,7 @@ from yolo_ckpt import (
 )
 from yolo_ckpt.integration.distributed import WORLD_KEY, DistributedMixin
 from yolo_ckpt.integration.settings import CKPT_CFG_DICT
-from yolo_ckpt.memory.step import measure_peak, state_bytes, step_bytes, step_loss, training_batch
+from yolo_ckpt.memory.step import StepShape, measure_peak, state_bytes, step_bytes, step_loss, training_batch
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning import costs
 from yolo_ckpt.regions.families import ultralytics_class
@@ -537,7 +537,7 @@ def measured_step(model, imgsz, batch, objects=50) -> int:
     """An independent measurement: a fresh tracker around one loss forward + backward, plus the model state."""
     model.zero_grad(set_to_none=True)
     with LiveTensorTracker() as t:
-        data = training_batch(model, imgsz, batch, objects)  # the batch is on the device during the step
+        data = training_batch(model, StepShape(imgsz, batch, objects))  # the batch is on the device during the step
         model.loss(data)[0].sum().backward()
     model.zero_grad(set_to_none=True)
     return state_bytes(model) + t.peak
@@ -547,7 +547,7 @@ def loop_batches(model, imgsz, batch, objects=50) -> int:
     """An independent count of the batches Ultralytics' training loop holds beside the one a step trains on (docs,
     Limitations): the loader's uint8 images, and one more batch as the step gets it, from the real tensors of a
     batch of that size (``training_batch``), not from planning's arithmetic."""
-    data = training_batch(model, imgsz, batch, objects)
+    data = training_batch(model, StepShape(imgsz, batch, objects))
     uint8 = torch.zeros(data["img"].shape, dtype=torch.uint8)  # what the loader collates before preprocess_batch
     return uint8.untyped_storage().nbytes() + sum(t.untyped_storage().nbytes() for t in data.values())
 
@@ -559,8 +559,8 @@ def auto_budget(model: str, data: str, imgsz: int, batch: int, share: float) -> 
     probe.args = get_cfg()  # the loss reads its hyperparameters here
     labels = Path(data).parent / "labels" / "train"
     objects = 4 * max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))  # mosaic, as the trainer counts
-    peak = measure_peak(probe, training_batch(probe, imgsz, batch, objects=objects)).peak
-    fixed = step_bytes(probe, imgsz, batch, objects=objects) - peak
+    peak = measure_peak(probe, training_batch(probe, StepShape(imgsz, batch, objects))).peak
+    fixed = step_bytes(probe, StepShape(imgsz, batch, objects)) - peak
     return f"{int((fixed + share * peak) / 0.6)}B"
 
 

@@ -10,7 +10,7 @@ from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO, CheckpointConfigError, DetectionTrainer, checkpoint_plan
-from yolo_ckpt.memory.step import build_model, training_batch, with_plan
+from yolo_ckpt.memory.step import StepShape, build_model, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.autobatch import parse_memory, plan_batch
 from yolo_ckpt.regions.settings import PlanSettings
@@ -32,9 +32,9 @@ def test_parse_memory_rejects(bad):
 
 def test_budget_gives_checkpointed_yolo11n_at_least_1_6x_the_batch():
     model, budget, fraction, imgsz = build_model("yolo11n.yaml"), parse_memory("0.75GB"), 0.6, 320
-    vanilla = plan_batch(with_plan(model, PlanSettings.of([])), imgsz, budget, fraction)
+    vanilla = plan_batch(with_plan(model, PlanSettings.of([])), StepShape(imgsz), budget, fraction)
     ckpt_model = with_plan(model, PlanSettings.of("all"))
-    ckpt = plan_batch(ckpt_model, imgsz, budget, fraction)
+    ckpt = plan_batch(ckpt_model, StepShape(imgsz), budget, fraction)
     assert ckpt.batch >= 1.6 * vanilla.batch, (ckpt, vanilla)
     def held(b: int) -> int:  # the step at b and the training loop's other batches beside it
         return measured_step(ckpt_model, imgsz, b) + loop_batches(ckpt_model, imgsz, b)
@@ -185,7 +185,7 @@ def test_budget_planning_counts_the_semantic_and_depth_losses(name):
     steps = {b: measured_step(model, imgsz, b) for b in (1, 2, 3)}
     held = {b: steps[b] + loop_batches(model, imgsz, b) for b in steps}
     budget = int((steps[3] + held[3]) / 2 / fraction)  # batch 3's step fits, not with the loop's batches
-    batch = plan_batch(model, imgsz, budget, fraction).batch
+    batch = plan_batch(model, StepShape(imgsz), budget, fraction).batch
     assert 1 <= batch <= 2 and held[batch] <= fraction * budget
 
 
@@ -205,7 +205,7 @@ def test_planning_batch_has_the_format_of_ultralytics_batches(name, tmp_path):
     trainer.model = trainer.get_model(cfg=name, verbose=False)  # the dataset reads its stride, as in _setup_train
     loader = trainer.get_dataloader(trainer.data["train"], batch_size=2, rank=-1, mode="train")
     real = trainer.preprocess_batch(next(iter(loader)))
-    ours = training_batch(build_model(name), 128, 2)
+    ours = training_batch(build_model(name), StepShape(128, 2))
     key = "semantic_mask" if semantic else "depth"
     assert ours[key].dtype == real[key].dtype and ours[key].shape == real[key].shape, (real[key].shape, key)
     assert ours["img"].dtype == real["img"].dtype and ours["img"].shape == real["img"].shape

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from ultralytics.utils import YAML
 
-from yolo_ckpt.memory.step import with_plan
+from yolo_ckpt.memory.step import StepShape, with_plan
 from yolo_ckpt.regions.graph import model_stages
 from yolo_ckpt.regions.settings import PlanSettings
 
@@ -159,7 +159,7 @@ def test_loss_memory_measures_the_loss_of_every_family(tmp_path, monkeypatch):
     YAML.save(tmp_path / "rtdetr-tiny.yaml", RTDETR_TINY)
     for name in ("yolo26n-sem.yaml", str(tmp_path / "rtdetr-tiny.yaml")):
         model = build_model(name)
-        data = training_batch(model, 64, 2)
+        data = training_batch(model, StepShape(64, 2))
         alone = loss_alone(model, data)
         assert 0 < alone < measured_step(model, 64, 2), name
 
@@ -177,7 +177,7 @@ def test_the_network_alone_is_the_least_a_loss_plan_can_reach(monkeypatch):
 
     for name, below in (("yolo26n-sem.yaml", True), ("yolo11n.yaml", False)):
         model = with_plan(build_model(name), PlanSettings.of("all", "full", "head"))
-        data = training_batch(model, 192, 2)
+        data = training_batch(model, StepShape(192, 2))
         step, network = measure_peak(model, data).peak, network_alone(model, data)
         # equal up to 64 B: the loss's scalars, alive in the real step's backward, and the surrogate's in ours
         assert (network < step - 2**20) if below else abs(network - step) <= 64, name

@@ -29,7 +29,7 @@ from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import TRAINERS, CheckpointPlan, checkpoint_plan, enable_checkpointing
-from yolo_ckpt.memory.step import training_batch
+from yolo_ckpt.memory.step import StepShape, training_batch
 
 from support import MINI, TINY, TRAIN_ARGS, assert_same_run, dump_training, results
 
@@ -84,7 +84,7 @@ def test_compiled_recompute_keeps_batchnorm_and_gradients_exact(mode, layers):
     torch.manual_seed(0)
     base = DetectionModel(deepcopy(TINY), verbose=False).train()
     base.args = get_cfg()  # the loss reads its hyperparameters here
-    batch = training_batch(base, 64, 2)
+    batch = training_batch(base, StepShape(64, 2))
     plain, ckpt = deepcopy(base), deepcopy(base)
     plan = CheckpointPlan.from_spec(ckpt, [2, 3], layers)
     enable_checkpointing(ckpt, plan, mode)

@@ -27,7 +27,7 @@ from yolo_ckpt.memory.device import (
     simulated_device,
     unless_oom,
 )
-from yolo_ckpt.memory.step import planned_copy, state_bytes, step_bytes, weight_bytes
+from yolo_ckpt.memory.step import StepShape, planned_copy, state_bytes, step_bytes, weight_bytes
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.autobatch import plan_batch
 from yolo_ckpt.planning.choice import choose_plan
@@ -110,15 +110,15 @@ def test_batch_planning_never_passes_the_share_and_plans_past_a_small_device():
     what an unlimited device plans; on a device as large as the budget, planning never passes the share."""
     model = small_model()
     with planned_copy(model, PlanSettings.of("all")) as m:
-        budget = 30 * step_bytes(m, IMGSZ, 1)
-        unlimited = plan_batch(m, IMGSZ, budget, 0.6)
+        budget = 30 * step_bytes(m, StepShape(IMGSZ, 1))
+        unlimited = plan_batch(m, StepShape(IMGSZ), budget, 0.6)
         with LiveTensorTracker() as outside, SimulatedDevice(budget) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])
-            same = plan_batch(m, IMGSZ, budget, 0.6)
+            same = plan_batch(m, StepShape(IMGSZ), budget, 0.6)
         assert same.batch == unlimited.batch and outside.peak <= 0.6 * budget  # model, batches and steps included
         with SimulatedDevice(budget // 3) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])
-            small = plan_batch(m, IMGSZ, budget, 0.6)
+            small = plan_batch(m, StepShape(IMGSZ), budget, 0.6)
             assert gpu.max_memory_allocated() <= gpu.limit
     assert small.extrapolated and max(small.points) < unlimited.batch
     assert abs(small.batch - unlimited.batch) <= 0.1 * unlimited.batch, (small, unlimited)
@@ -128,17 +128,18 @@ def test_auto_on_a_device_smaller_than_vanilla_never_measures_vanilla():
     """The share is half the vanilla step: vanilla is predicted, never run; every probe stops at the share; the whole
     planning, the training model included, stays within it; the choice fits. (MINI: four units, 20 unit steps.)"""
     model = small_model(MINI)
-    batch, costs = 4, unit_costs(model, IMGSZ)
-    vanilla = step_bytes(model, IMGSZ, batch)
+    batch, costs = 4, unit_costs(model, StepShape(IMGSZ))
+    vanilla = step_bytes(model, StepShape(IMGSZ, batch))
     share = vanilla // 2 + vanilla // 10
     with LiveTensorTracker() as outside, SimulatedDevice(int(share / 0.6)) as gpu:
         gpu.track([*model.parameters(), *model.buffers()])
-        choice = choose_plan(model, IMGSZ, batch, share, costs=costs)
+        choice = choose_plan(model, StepShape(IMGSZ, batch), share, costs=costs)
     assert all(t.candidate.units for t in choice.tried)  # vanilla was never measured
     assert choice.candidate.units and choice.measured_bytes <= share
     assert outside.peak <= share  # probes that did not fit stopped before the share
     with planned_copy(model, choice.candidate.installs) as m:  # as its settings install it
-        assert step_bytes(m, IMGSZ, batch) == choice.measured_bytes  # the measurement is a plain, unguarded step
+        # the measurement is a plain, unguarded step
+        assert step_bytes(m, StepShape(IMGSZ, batch)) == choice.measured_bytes
 
 
 def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch, timed_planning):
@@ -157,22 +158,22 @@ def test_timing_probes_run_only_where_their_bounded_step_fit(monkeypatch, timed_
     time_steps = planner.time_steps
     monkeypatch.setattr(planner, "time_steps", counted)
     with planned_copy(model, PlanSettings.of(())) as m:
-        one = step_bytes(m, IMGSZ, 1)  # vanilla's batch-1 step, as planning counts it
+        one = step_bytes(m, StepShape(IMGSZ, 1))  # vanilla's batch-1 step, as planning counts it
     state = [*model.parameters(), *model.buffers()]
     with LiveTensorTracker() as outside, SimulatedDevice(3 * one) as gpu:
         gpu.track(state)
-        costs = unit_costs(model, IMGSZ)
+        costs = unit_costs(model, StepShape(IMGSZ))
     assert outside.peak <= gpu.limit and len(timed) == 1 + len(costs.unit)  # vanilla, each unit in each mode
     assert costs.plain.seconds > 0 and all(p.seconds > 0 for p in costs.unit.values())
     timed.clear()
     big = 2 * IMGSZ  # at 128 px the step is no larger than the stride dry run (no grad, 256 px): a size above it
     with planned_copy(model, PlanSettings.of(())) as m:
-        one = step_bytes(m, big, 1)
+        one = step_bytes(m, StepShape(big, 1))
     small = 2 * weight_bytes(model) + (one - state_bytes(model)) // 3  # the model and a copy, not the step
     with LiveTensorTracker() as outside, SimulatedDevice(small) as gpu:
         gpu.track(state)
         with pytest.raises(ValueError, match=f"a training step at batch 1, imgsz {big} does not fit the device"):
-            unit_costs(model, big)
+            unit_costs(model, StepShape(big))
     assert not timed and outside.peak <= gpu.limit
 
 
@@ -185,7 +186,7 @@ def test_escalation_from_a_per_unit_plan_moves_to_a_plan_measured_to_keep_less()
     from yolo_ckpt.planning.search import candidates
 
     model, imgsz, batch = small_model(), IMGSZ, 2
-    costs = unit_costs(model, imgsz)
+    costs = unit_costs(model, StepShape(imgsz))
     per_unit = [c for c in candidates(costs, batch, 0)
                 if any(isinstance(x, str) for x in c.settings.layers or ())]
     failed = max(per_unit, key=lambda c: c.predicted_bytes)  # one that keeps much: plans that keep less exist
@@ -199,7 +200,7 @@ def test_escalation_from_a_per_unit_plan_moves_to_a_plan_measured_to_keep_less()
             return measured_step(m, imgsz, batch)
 
     with mock.patch.object(escalation, "escalations", failed_first):
-        settings, measured = escalation.next_plan(model, failed.settings, imgsz, batch, costs=costs)
+        settings, measured = escalation.next_plan(model, failed.settings, StepShape(imgsz, batch), costs=costs)
     assert settings != failed.settings and measured is not None and held(settings) < held(failed.settings)
 
 
@@ -212,7 +213,7 @@ def test_escalation_leaves_room_for_the_loops_other_batches():
 
     model, imgsz, batch = small_model(), 2 * IMGSZ, 4
     failed = PlanSettings.of([2])
-    costs = unit_costs(model, imgsz)
+    costs = unit_costs(model, StepShape(imgsz))
     untimed = dict(seconds=0.0)  # plans ranked by FLOPs: the order must not hang on how busy this machine is
     costs = dataclasses.replace(costs, plain=dataclasses.replace(costs.plain, **untimed),
                                 unit={k: dataclasses.replace(v, **untimed) for k, v in costs.unit.items()})
@@ -221,14 +222,14 @@ def test_escalation_leaves_room_for_the_loops_other_batches():
         with planned_copy(model, settings.with_loss(None)) as m:
             return measured_step(m, imgsz, batch), loop_batches(m, imgsz, batch)
 
-    first, _ = next_plan(model, failed, imgsz, batch, costs=costs)  # no device: the first plan it tries fits
+    first, _ = next_plan(model, failed, StepShape(imgsz, batch), costs=costs)  # no device: the first plan it tries fits
     step, loop = held(first)
     assert loop > 2 * weight_bytes(model)  # else the planning copy's own weights would leave room for them anyway
     device = step + weight_bytes(model) + loop // 2
     with LiveTensorTracker() as outside, SimulatedDevice(device) as gpu:
         gpu.track([*model.parameters(), *model.buffers()])
         ema = deepcopy(model)  # resident on the device, as the trainer's EMA
-        settings, measured = next_plan(model, failed, imgsz, batch, costs=costs)
+        settings, measured = next_plan(model, failed, StepShape(imgsz, batch), costs=costs)
         del ema
     assert outside.peak <= device and sum(held(settings)) <= device, (held(settings), device)
     assert measured is not None and settings != first
@@ -346,7 +347,7 @@ def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(
                 simulate_gpu=f"{device}B")
     run_model = unwrap_model(r.trainer.model)  # plain after training, the run's classes
     with planned_copy(run_model, PlanSettings.of([2, 3])) as m:
-        unlimited = plan_batch(m, RUN["imgsz"], budget, 0.6, objects=objects_of(r.trainer))
+        unlimited = plan_batch(m, StepShape(RUN["imgsz"], objects=objects_of(r.trainer)), budget, 0.6)
     assert unlimited.batch < 16 and abs(r.batch - unlimited.batch) <= 0.1 * unlimited.batch, (r.batch, unlimited)
     assert r.planning <= device
     assert r.log.count("is more than simulated device") == 1 and "extrapolated from steps at batches" in r.log
@@ -421,14 +422,14 @@ def test_a_simulated_allocator_counts_cuda_blocks():
         del a, b
     assert gpu.current == 0
     model = small_model(MINI)
-    exact = step_bytes(model, 64, 2)
+    exact = step_bytes(model, StepShape(64, 2))
     with SimulatedDevice(2**30, allocator=True) as gpu:  # the step's peak is the device's peak above what it held
         held = gpu.current
-        step_bytes(model, 64, 2)
+        step_bytes(model, StepShape(64, 2))
         rounded_peak = gpu.peak - held
     with SimulatedDevice(2**30) as gpu:
         held = gpu.current
-        step_bytes(model, 64, 2)
+        step_bytes(model, StepShape(64, 2))
         exact_peak = gpu.peak - held
     assert exact_peak < rounded_peak, (exact_peak, rounded_peak)
     assert exact_peak <= exact  # the device sees the step's tensors, not the model state step_bytes adds

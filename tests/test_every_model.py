@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from yolo_ckpt.memory.step import build_model, step_bytes, validation_bytes, with_plan
+from yolo_ckpt.memory.step import StepShape, build_model, step_bytes, validation_bytes, with_plan
 from yolo_ckpt.planning.search import deepest
 
 from support import measured_step
@@ -33,13 +33,14 @@ def test_the_planning_batch_carries_every_key_the_loss_reads(name):
     model = build_model(name)
     # planning's step (its batch, its loss) against the independent one: the same bytes within the batch's own
     # tensors, which planning counts from shapes and the fresh tracker sees allocated
-    planned, fresh = step_bytes(model, IMGSZ, BATCH, OBJECTS), measured_step(model, IMGSZ, BATCH, OBJECTS)
+    planned, fresh = step_bytes(model, StepShape(IMGSZ, BATCH, OBJECTS)), measured_step(model, IMGSZ, BATCH, OBJECTS)
     assert abs(planned - fresh) <= 0.02 * fresh, (planned, fresh)
     least = deepest(model)  # escalation's last plan, every unit recomputed
     m = with_plan(model, least.with_loss(None))
     assert measured_step(m, IMGSZ, BATCH, OBJECTS) < fresh
     # the validator's forward and loss in eval mode (its batch, twice the training batch, counted: more than one image)
-    assert validation_bytes(model, IMGSZ, 2 * BATCH, OBJECTS) > validation_bytes(model, IMGSZ, 1, OBJECTS)
+    shape = StepShape(IMGSZ, BATCH, OBJECTS)
+    assert validation_bytes(model, shape.at(2 * BATCH)) > validation_bytes(model, shape.at(1))
 
 
 @pytest.mark.heavy(3)

@@ -17,7 +17,7 @@ import ultralytics
 from ultralytics.utils import YAML
 
 from yolo_ckpt import CheckpointPlan, enable_checkpointing, model_stages
-from yolo_ckpt.memory.step import build_model, training_batch
+from yolo_ckpt.memory.step import StepShape, build_model, training_batch
 from yolo_ckpt.regions.families import check_supported
 from yolo_ckpt.regions.install import UnsupportedModelError
 
@@ -95,7 +95,7 @@ def test_family_trains_one_step_bitwise_with_all_stages(name):
     ckpt = deepcopy(vanilla)
     plan = CheckpointPlan.from_spec(ckpt, "all")
     enable_checkpointing(ckpt, plan)
-    batch = training_batch(vanilla, 64, 2, objects=3)  # 2: a P6 BatchNorm sees 1x1 maps
+    batch = training_batch(vanilla, StepShape(64, 2, 3))  # 2: a P6 BatchNorm sees 1x1 maps
     torch.use_deterministic_algorithms(True)  # as Ultralytics' deterministic=True
     try:
         v_loss, v_grads, v_state, v_counts = one_step(vanilla, batch)

@@ -10,7 +10,7 @@ import ultralytics
 from ultralytics.utils.loss import v8SegmentationLoss
 from ultralytics.utils.tal import TaskAlignedAssigner
 
-from yolo_ckpt.memory.step import build_model, training_batch
+from yolo_ckpt.memory.step import StepShape, build_model, training_batch
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.regions.loss import assignment, depth, install, segmentation, semantic
 from yolo_ckpt.regions.loss.install import disable_loss_checkpointing, enable_loss_checkpointing, loss_checkpointing
@@ -81,7 +81,7 @@ def test_exact_mask_loss_is_ultralytics_bit_for_bit_on_every_thread_count(name, 
     equal to the bit, each image's mask loss run twice (forward and recompute), and less memory kept."""
     torch.manual_seed(0)
     model = build_model(name)
-    batch = training_batch(model, 320, 2)
+    batch = training_batch(model, StepShape(320, 2))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -103,7 +103,7 @@ def test_exact_mask_loss_without_overlap_and_under_amp(case, counted):
     torch.manual_seed(0)
     overlap = case != "instance masks"
     model = build_model("yolo11n-seg.yaml", {"overlap_mask": overlap})
-    batch = training_batch(model, 256, 2)
+    batch = training_batch(model, StepShape(256, 2))
     batch = batch if overlap else instance_masks(batch)
     amp = torch.bfloat16 if case == "bf16 autocast" else None
     vanilla, exact = step(model, batch, amp=amp), step(model, batch, "exact", amp=amp)
@@ -123,7 +123,7 @@ def test_chunked_is_equal_up_to_float_rounding(name, counted, monkeypatch):
     gradient magnitude (measured at this size: loss 1.4e-7, gradients 4.3e-6 (yolo11n-seg) and 6.9e-6 (yolo26n-seg))."""
     torch.manual_seed(0)
     model = build_model(name)
-    batch = training_batch(model, 256, 2)
+    batch = training_batch(model, StepShape(256, 2))
     vanilla = step(model, batch)
     calls, counted["mask"], counted["assign"] = counted["mask"], 0, []
     monkeypatch.setattr(segmentation, "CHUNK_ROWS_PIXELS", 32 * 64 * 64)  # 64 x 64 prototypes at 256 px
@@ -158,7 +158,7 @@ def test_chunked_semantic_loss_is_equal_up_to_float_rounding(case, monkeypatch):
         model = build_model("yolo26n-sem.yaml")
     if case == "class weights":
         model.class_weights = torch.rand(19) + 0.5  # as Ultralytics' cls_pw frequency weights
-    batch = training_batch(model, 256, 2)
+    batch = training_batch(model, StepShape(256, 2))
     if case == "binary":
         batch["semantic_mask"] = batch["semantic_mask"] % 2
     batch["semantic_mask"][:, :5] = 255  # ignored
@@ -181,7 +181,7 @@ def test_chunked_depth_loss_is_equal_up_to_float_rounding(case, monkeypatch):
     Ultralytics' per-image ``keep`` says) cross block boundaries."""
     torch.manual_seed(0)
     model = build_model("yolo26n-depth.yaml")
-    batch = training_batch(model, 256, 2)
+    batch = training_batch(model, StepShape(256, 2))
     if case == "invalid rows":
         batch["depth"][0, 20:70] = 0
     if case.startswith("sparse"):
@@ -224,7 +224,7 @@ def test_chunked_assigns_as_ultralytics_out_of_memory_path(name, monkeypatch):
     (``TaskAlignedAssigner.forward``, forced here by an error on the batched attempt), to the bit."""
     torch.manual_seed(0)
     model = build_model(name)
-    batch = training_batch(model, 160, 3, objects=20)
+    batch = training_batch(model, StepShape(160, 3, 20))
     batch["batch_idx"] = batch["batch_idx"][batch["batch_idx"] != 1]  # image 1 without objects, image 2 fewer
     for key in ("cls", "bboxes", "keypoints"):
         if key in batch:
@@ -254,7 +254,7 @@ def test_chunked_scores_yolo26_masks_in_groups_of_objects(monkeypatch):
 
     torch.manual_seed(0)
     model = build_model("yolo26n-seg.yaml")
-    batch = training_batch(model, 160, 2, objects=20)
+    batch = training_batch(model, StepShape(160, 2, 20))
     seen, peaks, groups = [], [], []
     assign, overlaps = TaskAlignedAssigner._forward, SegTaskAlignedAssigner.pair_overlaps
 
@@ -297,7 +297,7 @@ def test_loss_plan_is_installed_and_removed(counted):
     criterion = set(vars(model.criterion.one2one))
     enable_loss_checkpointing(model, "exact")
     assert loss_checkpointing(model) == "exact"
-    model.loss(training_batch(model, 128, 2))[0].sum().backward()
+    model.loss(training_batch(model, StepShape(128, 2)))[0].sum().backward()
     assert counted["mask"] == 2 * 4  # two images, two losses, forward and recompute
     disable_loss_checkpointing(model)
     assert loss_checkpointing(model) is None and set(vars(model)) == plain | {"criterion"}
@@ -311,7 +311,7 @@ def test_a_built_semantic_criterion_is_shadowed_and_restored(monkeypatch):
     removing the plan gives Ultralytics' own loss back, to the bit of a model that never had one."""
     torch.manual_seed(0)
     model = build_model("yolo26n-sem.yaml")
-    batch = training_batch(model, 128, 2)
+    batch = training_batch(model, StepShape(128, 2))
     blocks = []
     real = semantic._block_sums
     monkeypatch.setattr(semantic, "_block_sums", lambda *a: blocks.append(a[1]) or real(*a))
@@ -334,7 +334,7 @@ def test_a_built_depth_criterion_is_wrapped_and_restored(monkeypatch):
     """Ultralytics' depth loss is a plain class, so ``chunked`` wraps it (a resume or a validation built it already):
     the wrapper runs the loss in blocks, and removing the plan puts Ultralytics' own criterion object back."""
     model = build_model("yolo26n-depth.yaml")
-    batch = training_batch(model, 64, 2)
+    batch = training_batch(model, StepShape(64, 2))
     model.criterion = built = model.init_criterion()
     blocks = []
     real = depth._depth_block
@@ -354,7 +354,7 @@ def test_a_criterion_without_regions_is_refused(how, name):
     model = build_model(name)
     enable_loss_checkpointing(model, how)
     with pytest.raises(CheckpointConfigError, match=f"checkpoint_loss={how}: .* Valid: checkpoint_loss=none"):
-        model.loss(training_batch(model, 64, 1))
+        model.loss(training_batch(model, StepShape(64, 1)))
 
 
 def test_exact_trains_bit_for_bit_on_the_dense_set(tmp_path, counted):

@@ -7,7 +7,7 @@ import pytest
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import SegmentationModel
 
-from yolo_ckpt.memory.step import step_loss, training_batch
+from yolo_ckpt.memory.step import StepShape, step_loss, training_batch
 
 
 @pytest.mark.parametrize("name", ["yolo26n-seg.yaml", "yolo11n-seg.yaml"])
@@ -17,7 +17,7 @@ def test_a_segment_planning_batch_carries_every_key_its_loss_reads(name):
     ``KeyError: 'sem_masks'``."""
     model = SegmentationModel(name, verbose=False).train()
     model.args = get_cfg()  # the loss reads its hyperparameters here
-    batch = training_batch(model, 64, 2)
+    batch = training_batch(model, StepShape(64, 2))
     assert batch["sem_masks"].shape == batch["masks"].shape  # mask resolution, as Format's mask_ratio gives both
     loss = step_loss(model, batch)
     loss.backward()
@@ -35,9 +35,10 @@ def test_the_loops_host_images_count_only_where_the_model_trains_on_the_cpu():
     from support import MINI, loop_batches
 
     model = DetectionModel(deepcopy(MINI), verbose=False)
-    assert loop_bytes(model, 64, 2) == loop_batches(model, 64, 2)  # the independent count, from real tensors
+    assert loop_bytes(model, StepShape(64, 2)) == loop_batches(model, 64, 2)  # the independent count, from real tensors
     accelerator = DetectionModel(deepcopy(MINI), verbose=False).to("meta")
-    assert loop_bytes(accelerator, 64, 2) == batch_bytes(model, 64, 2) < loop_batches(model, 64, 2)
+    shape = StepShape(64, 2)
+    assert loop_bytes(accelerator, shape) == batch_bytes(model, shape) < loop_batches(model, 64, 2)
 
 
 def test_one_copy_for_many_plans_measures_as_a_fresh_copy_each():
@@ -51,8 +52,8 @@ def test_one_copy_for_many_plans_measures_as_a_fresh_copy_each():
     plans = [PlanSettings.of(*p) for p in (([],), ([2, 3],), ("all", "full", "head"), ([], "full", None, "exact"),
                                            ([2, 3], "selective"), ([],))]
     with copy_for_plans(model) as install:
-        shared = [measure_peak(m := install(p), training_batch(m, 64, 2), flops=True) for p in plans]
+        shared = [measure_peak(m := install(p), training_batch(m, StepShape(64, 2)), flops=True) for p in plans]
     for p, got in zip(plans, shared):
         with planned_copy(model, p) as m:
-            assert got == measure_peak(m, training_batch(m, 64, 2), flops=True), p
+            assert got == measure_peak(m, training_batch(m, StepShape(64, 2)), flops=True), p
     assert len({s.flops for s in shared[:3]}) == 3  # each recomputes more: a copy that kept its first plan would fail

@@ -16,7 +16,7 @@ from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import YAML
 
 from yolo_ckpt import CheckpointPlan, disable_checkpointing, enable_checkpointing
-from yolo_ckpt.memory.step import build_model, step_loss, training_batch
+from yolo_ckpt.memory.step import StepShape, build_model, step_loss, training_batch
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.regions.graph import model_parts
 from yolo_ckpt.regions.spec import CheckpointConfigError
@@ -52,7 +52,7 @@ def test_parts_cover_every_trained_parameter(cfg):
     """Each parameter that gets a gradient in a training step lies in exactly one top-level part of its layer, or
     directly in the layer; parts are named as in state_dict keys."""
     model = build_model(cfg).train()
-    step_loss(model, training_batch(model, 64, 1)).backward()
+    step_loss(model, training_batch(model, StepShape(64, 1))).backward()
     parts = model_parts(model)
     for name, p in model.named_parameters():
         i, path = int(name.split(".")[1]), name.split(".", 2)[2]
@@ -78,7 +78,7 @@ KINDS = [  # (stages, checkpoint_layers, mode)
 
 @pytest.mark.parametrize("stages, layers, mode", KINDS)
 def test_part_regions_are_exact_and_recompute_their_parts(yolo11n, stages, layers, mode):
-    assert_exact_and_recomputed(yolo11n, training_batch(yolo11n, 96, 2), layers, stages, mode)
+    assert_exact_and_recomputed(yolo11n, training_batch(yolo11n, StepShape(96, 2)), layers, stages, mode)
 
 
 @pytest.mark.parametrize("cfg", ["yolo11n-seg.yaml", "yolo11n-pose.yaml", "yolo11n-obb.yaml", "yolo26n-sem.yaml",
@@ -92,7 +92,7 @@ def test_every_head_per_part_is_exact(cfg, tmp_path):
     torch.manual_seed(0)
     model = build_model(cfg).train()
     layers = [f"{len(model.model) - 1}.*"]
-    assert_exact_and_recomputed(model, training_batch(model, 96, 2), layers)
+    assert_exact_and_recomputed(model, training_batch(model, StepShape(96, 2)), layers)
 
 
 @pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolov5n.yaml", "yolo12n.yaml", "yolov9t.yaml", "yolov10n.yaml"])
@@ -106,12 +106,12 @@ def test_every_block_per_part_is_exact(cfg):
                                                       for n in tree.get("", ()))]  # a leaf part's recompute is no call
     layers = [*(f"{i}.*" for i in composite),
               *([i, i + 1] for i in range(0, len(model.model) - 1, 4))]
-    assert_exact_and_recomputed(model, training_batch(model, 64, 1), layers)
+    assert_exact_and_recomputed(model, training_batch(model, StepShape(64, 1)), layers)
 
 
 def test_nesting_lowers_the_backward_peak(yolo11n):
     """The whole-network plan with parts nested keeps less than with whole layers only (the exact tracker)."""
-    batch = training_batch(yolo11n, 160, 2)
+    batch = training_batch(yolo11n, StepShape(160, 2))
     layers = ["16", "19", "23", "7-10:selective"]
     coarse = one_step(yolo11n, batch, layers, (1, 2, 3, 4))[3]
     fine = one_step(yolo11n, batch, ["23.*", "2.*", "4.*", *layers], (1, 2, 3, 4))[3]
@@ -192,7 +192,7 @@ def test_a_run_inside_a_part_with_its_own_region_is_recomputed_twice(yolo11n, la
     """Detect's branch ``cv3.0`` is a region, and a run of its children another one inside it: the branch's recompute
     needs the run's output (the last layer of the branch reads it), so the run's convolutions run three times per
     step, forward, the branch's recompute and their own, whichever order the items are given in."""
-    batch = training_batch(yolo11n, 96, 2)
+    batch = training_batch(yolo11n, StepShape(96, 2))
     assert_exact_and_recomputed(yolo11n, batch, layers)
     convs = one_step(yolo11n, batch, layers)[2]
     run = [n for n in convs if n.startswith(("model.23.cv3.0.0.", "model.23.cv3.0.1."))]

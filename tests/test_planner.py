@@ -17,7 +17,7 @@ from ultralytics.utils.patches import torch_load
 
 from yolo_ckpt.integration.auto import auto_report
 from yolo_ckpt.integration.settings import check_settings, saved_settings
-from yolo_ckpt.memory.step import measure_peak, step_bytes, step_loss, training_batch, with_plan
+from yolo_ckpt.memory.step import StepShape, measure_peak, step_bytes, step_loss, training_batch, with_plan
 from yolo_ckpt.planning import choice as planner
 from yolo_ckpt.planning.autobatch import plan_batch
 from yolo_ckpt.planning.choice import choose_plan, choose_plan_and_batch
@@ -53,13 +53,13 @@ def small():
 def measure_every_plan(model, costs, imgsz: int = IMGSZ) -> tuple:
     """Every candidate of ``costs`` measured independently: step bytes as planning counts them; with what no plan
     changes (model state and the batch) and the vanilla step's peak."""
-    data = training_batch(model, imgsz, BATCH)
-    fixed = step_bytes(model, imgsz, BATCH) - measure_peak(model, data).peak  # model state and the batch
+    data = training_batch(model, StepShape(imgsz, BATCH))
+    fixed = step_bytes(model, StepShape(imgsz, BATCH)) - measure_peak(model, data).peak  # model state and the batch
     rows = []
     for c in candidates(costs, BATCH, 0):
         s = c.settings
         m = with_plan(model, s.with_loss(None))
-        rows.append((c, step_bytes(m, imgsz, BATCH)))
+        rows.append((c, step_bytes(m, StepShape(imgsz, BATCH))))
         disable_checkpointing(m)
     return costs, fixed, measure_peak(model, data).peak, rows
 
@@ -70,7 +70,7 @@ def counted_flops(model, c: Candidate, imgsz: int) -> int:
     s = c.settings
     m = with_plan(model, s.with_loss(None))
     with FlopCounterMode(display=False) as counter:
-        step_loss(m, training_batch(model, imgsz, BATCH)).backward()
+        step_loss(m, training_batch(model, StepShape(imgsz, BATCH))).backward()
     disable_checkpointing(m)
     return counter.get_total_flops()
 
@@ -79,7 +79,7 @@ def counted_flops(model, c: Candidate, imgsz: int) -> int:
 def exhaustive(small):
     """The plans of one mode for all units (62 on this model: every unit in every mode would be 19682) measured."""
     with timing():  # the plans' predicted times, which the choices below rank by
-        costs = unit_costs(small, IMGSZ)
+        costs = unit_costs(small, StepShape(IMGSZ))
     return measure_every_plan(small, dataclasses.replace(costs, mixed=False))
 
 
@@ -90,7 +90,7 @@ def mixed():
     model = DetectionModel({**deepcopy(MINI), "head": [[[2], 1, "Detect", ["nc"]]]}, verbose=False).train()
     model.args = get_cfg()
     with timing():
-        costs = unit_costs(model, MIXED_IMGSZ)
+        costs = unit_costs(model, StepShape(MIXED_IMGSZ))
     # stage 1 is one Conv (no parts); the stem joined with stage 2 takes stage 2's modes that recompute it (6)
     assert costs.mixed and space_size(costs) == (3 * 9 + 6) * 9 - 1
     return model, measure_every_plan(model, costs, MIXED_IMGSZ)
@@ -107,7 +107,7 @@ def test_auto_fits_and_is_the_fastest_fitting_plan(small, exhaustive, mixed, sha
     target = fixed + int(share * peak)  # share of the vanilla step's peak, on top of what no plan changes
     fitting = [(c, nbytes) for c, nbytes in rows if nbytes <= target]
     assert fitting, "the budgets are chosen so that some plan fits"
-    choice = choose_plan(small, imgsz, BATCH, target, costs=costs)
+    choice = choose_plan(small, StepShape(imgsz, BATCH), target, costs=costs)
     measured = {(c.units, c.modes): nbytes for c, nbytes in rows}
     nbytes = measured[(choice.candidate.units, choice.candidate.modes)]
     assert choice.measured_bytes == nbytes <= target
@@ -127,17 +127,17 @@ def test_measurements_shared_across_growing_targets_choose_as_fresh_ones(small, 
     for share in (0.5, 0.7, 0.9):
         target = fixed + int(share * peak)
         fastest = min(c.seconds for c, nbytes in rows if nbytes <= target)
-        choice = choose_plan(small, IMGSZ, BATCH, target, costs=costs, measured=shared)
+        choice = choose_plan(small, StepShape(IMGSZ, BATCH), target, costs=costs, measured=shared)
         assert choice.measured_bytes <= target and choice.candidate.seconds == fastest, share
 
 
 def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive, timed_planning):
     """When vanilla fits, one line says so (no empty trade-off table); otherwise the table lists what was measured."""
     costs, fixed, peak, rows = exhaustive
-    vanilla = step_bytes(small, IMGSZ, BATCH)  # the target vanilla just fits
-    lines = auto_report(choose_plan(small, IMGSZ, BATCH, vanilla, costs=costs), "full")
+    vanilla = step_bytes(small, StepShape(IMGSZ, BATCH))  # the target vanilla just fits
+    lines = auto_report(choose_plan(small, StepShape(IMGSZ, BATCH), vanilla, costs=costs), "full")
     assert len(lines) == 1 and lines[0].startswith(f"auto: vanilla fits at batch {BATCH} (measured ")
-    tight = choose_plan(small, IMGSZ, BATCH, fixed + int(0.6 * peak), costs=costs)
+    tight = choose_plan(small, StepShape(IMGSZ, BATCH), fixed + int(0.6 * peak), costs=costs)
     lines = auto_report(tight, tight.candidate.mode)
     assert lines[0].split() == ["plan", "FLOPs", "predicted", "s", "measured", "s", "predicted", "GB", "measured", "GB"]
     assert len(lines) >= 3 and sum("<- chosen" in line for line in lines) == 1 and lines[-1].startswith("auto chose")
@@ -158,9 +158,9 @@ def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():
     from support import measured_step
 
     model, imgsz, objects, batch = build_model("yolo11n-seg.yaml"), 160, 300, 2
-    costs = unit_costs(model, imgsz, objects, loss_modes=("exact",))
+    costs = unit_costs(model, StepShape(imgsz, objects=objects), loss_modes=("exact",))
     assert set(costs.loss) == {"exact"} and costs.loss["exact"].kept < costs.plain.kept  # it keeps less
-    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
+    fixed = state_bytes(model) + batch_bytes(model, StepShape(imgsz, batch, objects))
     every = candidates(costs, batch, fixed)
     assert all(c.settings.loss in ("none", "exact") for c in every)
     assert any(not c.units and c.loss == "exact" for c in every)  # the loss plan alone
@@ -177,7 +177,7 @@ def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():
     layer_bytes, least_bytes = measured(layer), measured(least)
     assert least_bytes < layer_bytes
     target = (least_bytes + layer_bytes) // 2
-    choice = choose_plan(model, imgsz, batch, target, objects, costs=costs, loss_modes=("exact",))
+    choice = choose_plan(model, StepShape(imgsz, batch, objects), target, costs=costs, loss_modes=("exact",))
     assert choice.candidate.loss == "exact" and choice.candidate.settings.loss == "exact"
     assert choice.measured_bytes == measured(choice.candidate) <= target
     assert any(", loss exact" in row for row in choice.table())  # shown in the log's table
@@ -189,20 +189,20 @@ def test_nothing_fits_says_what_would(small, exhaustive):
     costs, fixed, peak, rows = exhaustive
     least = min(nbytes for _, nbytes in rows)
     with pytest.raises(NothingFits, match=r"nothing fits .* needs at most [0-9.]+ GB$") as e:
-        choose_plan(small, IMGSZ, BATCH, least - 1, costs=costs)
+        choose_plan(small, StepShape(IMGSZ, BATCH), least - 1, costs=costs)
     assert e.value.needed >= least
-    assert choose_plan(small, IMGSZ, BATCH, e.value.needed, costs=costs).measured_bytes <= e.value.needed
+    assert choose_plan(small, StepShape(IMGSZ, BATCH), e.value.needed, costs=costs).measured_bytes <= e.value.needed
 
 
 def test_autobatch_auto_gives_the_largest_batch_any_plan_allows(small, exhaustive):
     costs, fixed, peak, rows = exhaustive
-    budget = 4 * step_bytes(small, IMGSZ, 4)  # 60% of it: about 2.4 vanilla batches of 4
-    choice = choose_plan_and_batch(small, IMGSZ, budget, 0.6)
+    budget = 4 * step_bytes(small, StepShape(IMGSZ, 4))  # 60% of it: about 2.4 vanilla batches of 4
+    choice = choose_plan_and_batch(small, StepShape(IMGSZ), budget, 0.6)
     loop = loop_batches(small, IMGSZ, choice.batch)  # the training loop's other batches count against the share
     assert choice.measured_bytes <= choice.target_bytes == int(0.6 * budget) - loop
     least = min(rows, key=lambda r: r[1])[0].settings  # the plan measured to keep the least at batch 2
-    most = plan_batch(with_plan(small, least.with_loss(None)), imgsz=IMGSZ, budget=budget, fraction=0.6)
-    assert choice.batch >= most.batch > plan_batch(small, imgsz=IMGSZ, budget=budget, fraction=0.6).batch
+    most = plan_batch(with_plan(small, least.with_loss(None)), StepShape(IMGSZ), budget=budget, fraction=0.6)
+    assert choice.batch >= most.batch > plan_batch(small, StepShape(IMGSZ), budget=budget, fraction=0.6).batch
 
 
 def test_autobatch_auto_never_refuses_the_batch_its_plan_set(small, monkeypatch):
@@ -210,21 +210,21 @@ def test_autobatch_auto_never_refuses_the_batch_its_plan_set(small, monkeypatch)
     ``choose_plan`` measures. Under this stub clock (each unit's batch-1 time fixed by a seed instead of timed) the
     planner before the fix sized batch 28 with such a plan and then raised NothingFits there (CI saw the same at
     batch 24 with timed steps): the batch set is taken, with a plan measured independently to fit it."""
-    costs = unit_costs(small, IMGSZ)
+    costs = unit_costs(small, StepShape(IMGSZ))
     rnd = random.Random(2)
     clock = dataclasses.replace(costs, plain=dataclasses.replace(costs.plain, seconds=1.0), unit={
         k: dataclasses.replace(v, seconds=1.0 + rnd.random()) for k, v in sorted(costs.unit.items(), key=str)})
     monkeypatch.setattr(planner, "unit_costs", lambda *args, **kwargs: clock)
-    budget = 4 * step_bytes(small, IMGSZ, 4)
-    choice = choose_plan_and_batch(small, IMGSZ, budget, 0.6)
+    budget = 4 * step_bytes(small, StepShape(IMGSZ, 4))
+    choice = choose_plan_and_batch(small, StepShape(IMGSZ), budget, 0.6)
     assert choice.target_bytes == int(0.6 * budget) - loop_batches(small, IMGSZ, choice.batch)
     s = choice.candidate.settings
     m = with_plan(small, s.with_loss(None))
     try:
-        assert step_bytes(m, IMGSZ, choice.batch) <= choice.target_bytes
+        assert step_bytes(m, StepShape(IMGSZ, choice.batch)) <= choice.target_bytes
     finally:
         disable_checkpointing(m)
-    assert choice.batch > plan_batch(small, imgsz=IMGSZ, budget=budget, fraction=0.6).batch
+    assert choice.batch > plan_batch(small, StepShape(IMGSZ), budget=budget, fraction=0.6).batch
 
 
 def test_auto_settings_are_checked_before_any_work(monkeypatch):
@@ -327,8 +327,8 @@ def test_every_unit_mode_is_exact_and_recomputes_what_it_names(small, exhaustive
     assert {x.split(":")[0] for x in layers if ".*" in x} == ({"4.*", *(f"{i}.*" for i in costs.layout[-1].nests)}
                                                               if parts else set())
     assert all(x.endswith(":selective") == ((outer if ".*" not in x else parts) == "selective") for x in layers)
-    assert_exact_and_recomputed(small, training_batch(small, 96, 2), s["checkpoint_layers"], s["checkpoint_stages"],
-                                s["checkpoint_mode"])
+    assert_exact_and_recomputed(small, training_batch(small, StepShape(96, 2)), s["checkpoint_layers"],
+                                s["checkpoint_stages"], s["checkpoint_mode"])
 
 
 def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_data, tmp_path):

@@ -10,7 +10,7 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from yolo_ckpt.memory.step import build_model, training_batch
+from yolo_ckpt.memory.step import StepShape, build_model, training_batch
 from yolo_ckpt.regions.settings import PlanSettings
 from yolo_ckpt.report.profiler import compare_plans, profile_stages, standard_plans
 
@@ -24,14 +24,14 @@ def model():
 
 def test_stage_rows_against_independent_figures(model):
     imgsz, batch = 160, 2
-    rows = {r["stage"]: r for r in profile_stages(model, imgsz, batch)}
+    rows = {r["stage"]: r for r in profile_stages(model, StepShape(imgsz, batch))}
     assert sorted(rows) == [1, 2, 3, 4, 5]
     # Checkpointed, stage 1 keeps exactly its input for the recompute: the fp32 image batch.
     assert rows[1]["saved_MiB_checkpointed"] == round(batch * 3 * imgsz * imgsz * 4 / 2**20, 2)
     assert rows[2]["output_shape"] == [batch, 64, imgsz // 4, imgsz // 4]
     for k, r in rows.items():
         assert r["saved_MiB_checkpointed"] < r["saved_MiB_vanilla"]
-        x = training_batch(model, imgsz, batch)["img"]
+        x = training_batch(model, StepShape(imgsz, batch))["img"]
         with torch.no_grad():  # the recompute is one forward of the stage: count that forward's FLOPs alone
             for i in range(r["layers"][0]):
                 x = model.model[i](x)
@@ -43,7 +43,8 @@ def test_stage_rows_against_independent_figures(model):
 
 def test_whole_backbone_meets_the_target(model):
     """yolo11n, 640, batch 4: all backbone stages at <= 0.55x the vanilla peak for <= 1.15x the FLOPs."""
-    none, every = compare_plans(model, 640, 4, {"none": PlanSettings(), "all": PlanSettings.of("all")}, repeats=0)
+    plans = {"none": PlanSettings(), "all": PlanSettings.of("all")}
+    none, every = compare_plans(model, StepShape(640, 4), plans, repeats=0)
     assert every["peak_ratio"] <= 0.55 and every["flops_ratio"] <= 1.15, every
 
 
@@ -136,7 +137,7 @@ def test_flop_count_is_torchs_and_keeps_nothing(mini):
 
     for spec in (PlanSettings(), PlanSettings.of("all", "full", "head")):
         with planned_copy(mini, spec) as m:
-            data = training_batch(m, 128, 2)
+            data = training_batch(m, StepShape(128, 2))
             with LiveTensorTracker() as seen, FlopCounterMode(display=False) as torch_count:
                 step_loss(m, data).backward()
             m.zero_grad(set_to_none=True)
@@ -155,7 +156,7 @@ def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):
     from yolo_ckpt.memory.tracker import LiveTensorTracker
 
     imgsz, batch, plans = 128, 2, standard_plans(mini)
-    ref = compare_plans(mini, imgsz, batch, plans, repeats=0)
+    ref = compare_plans(mini, StepShape(imgsz, batch), plans, repeats=0)
     need = [need_on_device(mini, imgsz, batch, int(r["peak_MiB"] * 2**20)) for r in ref]  # +-0.05 MiB: rounded
     inside = sorted({n for n in need if n < need[0]} | {need[0]})
     lo, hi = max(zip(inside, inside[1:]), key=lambda p: p[1] - p[0])
@@ -165,8 +166,8 @@ def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):
     with LiveTensorTracker() as outside, SimulatedDevice(limit) as gpu:
         outside.track(state)
         gpu.track(state)
-        rows = compare_plans(mini, imgsz, batch, plans, repeats=1)
-        stages = profile_stages(mini, imgsz, batch)
+        rows = compare_plans(mini, StepShape(imgsz, batch), plans, repeats=1)
+        stages = profile_stages(mini, StepShape(imgsz, batch))
     assert gpu.max_memory_allocated() <= limit and outside.peak <= limit  # every allocation tried fit the device
     assert [r["plan"] for r in rows] == list(plans) and not rows[0]["fits"] and rows[-1]["fits"]
     for r, expected, n in zip(rows, ref, need):
@@ -175,7 +176,7 @@ def test_plans_and_stages_on_a_device_smaller_than_vanilla(mini):
         assert [r[k] for k in same] == ([expected[k] for k in same] if r["fits"] else [None, None]), r["plan"]
         assert (r["step_s"] is not None) == r["fits"]
         assert r["peak_ratio"] is r["flops_ratio"] is r["time_ratio"] is None
-    plain = profile_stages(mini, imgsz, batch)
+    plain = profile_stages(mini, StepShape(imgsz, batch))
     for r, expected in zip(stages, plain):  # every stage row compares its step with vanilla's, which did not fit
         assert (r["stage"], r["layers"], r["modules"]) == (expected["stage"], expected["layers"], expected["modules"])
         assert not r["fits"] and r["saved_MiB_checkpointed"] is r["recompute_GFLOPs"] is r["saved_MiB_vanilla"] is None
@@ -199,7 +200,7 @@ def test_profile_measures_the_loss_plan(tmp_path, monkeypatch):
              f"project={tmp_path}", "name=p"])
     rows = {r["plan"]: r for r in json.loads((tmp_path / "p" / "profile.json").read_text())["plans"]}
     assert list(rows) == [*standard_plans(model), "yours", "loss exact", "all + head, loss exact"]
-    data = training_batch(model, 96, 2)
+    data = training_batch(model, StepShape(96, 2))
     for name, spec in {"none": ([], "full", None, "none"), "loss exact": ([], "full", None, "exact"),
                        "yours": ([1], "full", None, "exact")}.items():
         plan = PlanSettings.of(*spec)
@@ -218,7 +219,8 @@ def test_profile_command_on_a_simulated_device(tmp_path, mini):
     need = {}
     for spec in (PlanSettings(), PlanSettings.of("all", "selective", "head")):
         with planned_copy(mini, spec) as m:
-            need[str(spec)] = need_on_device(mini, imgsz, batch, measure_peak(m, training_batch(m, imgsz, batch)).peak)
+            peak = measure_peak(m, training_batch(m, StepShape(imgsz, batch))).peak
+            need[str(spec)] = need_on_device(mini, imgsz, batch, peak)
     limit = sum(need.values()) // 2
     out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", f"model={cfg}", f"imgsz={imgsz}",
                           f"batch={batch}", f"memory_budget={int(limit / 0.6)}B", f"simulate_gpu={limit}B",
@@ -253,6 +255,6 @@ def test_profile_simulate_gpu_on_cuda_is_one_line(tmp_path):
 def test_saved_bytes_of_a_stage_follow_the_runs_autocast(mini):
     """Under autocast (bf16 here, torch's CPU autocast) a stage's convolutions save half-precision outputs: the
     vanilla column counts what the run's forward saves (it counted the full-precision forward's, whatever ``amp``)."""
-    fp32 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, 256, 2)}
-    bf16 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, 256, 2, amp=torch.bfloat16)}
+    fp32 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, StepShape(256, 2))}
+    bf16 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, StepShape(256, 2, amp=torch.bfloat16))}
     assert fp32.keys() == bf16.keys() and all(0 < bf16[k] < fp32[k] for k in fp32), (fp32, bf16)

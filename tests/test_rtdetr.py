@@ -13,7 +13,7 @@ from ultralytics.nn.tasks import RTDETRDetectionModel
 from ultralytics.utils import YAML
 
 from yolo_ckpt import RTDETR, YOLO, CheckpointPlan, RTDETRTrainer, checkpoint_plan, enable_checkpointing
-from yolo_ckpt.memory.step import training_batch
+from yolo_ckpt.memory.step import StepShape, training_batch
 
 from support import RTDETR_TINY, assert_same, assert_same_training, train_pair, write_polygon_set
 
@@ -49,7 +49,7 @@ def test_decoder_recompute_replays_the_denoising_draws():
     plan = CheckpointPlan.from_spec(ckpt, [], "head")
     assert [r.layers for r in plan.regions] == [(5,)]  # the decoder stores activations: `head` includes it
     enable_checkpointing(ckpt, plan)
-    batch = training_batch(vanilla, 64, 2, objects=5)
+    batch = training_batch(vanilla, StepShape(64, 2, 5))
     torch.use_deterministic_algorithms(True)  # as Ultralytics' deterministic=True: index backward sums in order
     try:
         v_draws, v_grads, v_rng = recorded_step(vanilla, batch, seed=1)

@@ -9,7 +9,7 @@ from yolo_ckpt import YOLO
 from yolo_ckpt.data.synthetic import synthetic_dataset
 from yolo_ckpt.integration import validation_batch
 from yolo_ckpt.memory.device import SimulatedDevice, UntoldDevice
-from yolo_ckpt.memory.step import build_model, planned_copy, state_bytes, validation_bytes, weight_bytes
+from yolo_ckpt.memory.step import StepShape, build_model, planned_copy, state_bytes, validation_bytes, weight_bytes
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.autobatch import plan_batch
 from yolo_ckpt.regions.settings import PlanSettings
@@ -29,10 +29,10 @@ def test_autobatch_on_an_untold_device_narrows_the_batch_to_what_the_told_device
     with planned_copy(model, PlanSettings.of("all")) as m:
         with SimulatedDevice(device) as gpu:
             gpu.track([*m.parameters(), *m.buffers()])
-            told = plan_batch(m, 160, budget, 0.6)
+            told = plan_batch(m, StepShape(160), budget, 0.6)
         with UntoldDevice(device) as dev:
             dev.track([*m.parameters(), *m.buffers()])
-            untold = plan_batch(m, 160, budget, 0.6)
+            untold = plan_batch(m, StepShape(160), budget, 0.6)
     assert told.extrapolated and untold.extrapolated and max(told.points) > 1
     assert max(untold.points) > 1 and abs(untold.batch / told.batch - 1) <= 0.25, (told, untold)
     assert dev.peak <= device
@@ -61,7 +61,7 @@ def test_validation_is_planned_at_the_validators_real_size_and_bounds_its_peak(d
     plain = unwrap_model(t.model)
     size = validation_batch.validation_imgsz(t)  # what plan_validation measures at
     assert size == t.test_loader.dataset.batch_shapes.max() == 192  # the validator's own batches
-    planned = validation_bytes(plain, size, t.test_loader.batch_size, validation_batch.val_facts(t)[0])
+    planned = validation_bytes(plain, StepShape(size, t.test_loader.batch_size, validation_batch.val_facts(t)[0]))
     planned -= state_bytes(plain) + weight_bytes(plain)  # the tracker saw what validation allocated, not the state
     real = peaks[0]  # the epoch's (the final one validates best.pt, fused: less)
     assert len(peaks) == 2 and real <= planned <= 1.05 * real, (planned / 2**20, [p / 2**20 for p in peaks])

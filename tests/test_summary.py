@@ -7,7 +7,7 @@ import torch
 from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
-from yolo_ckpt.memory.step import measure_peak, training_batch
+from yolo_ckpt.memory.step import StepShape, measure_peak, training_batch
 from yolo_ckpt.regions.install import enable_checkpointing
 from yolo_ckpt.regions.plan import CheckpointPlan
 from yolo_ckpt.report import summary
@@ -24,9 +24,9 @@ def test_compare_under_ddp_measures_the_batch_of_one_rank(monkeypatch, tmp_path)
     enable_checkpointing(model, CheckpointPlan.from_spec(model, [1, 2]))
     batches = []
 
-    def compare(m, imgsz, batch, *args, **kwargs):
-        batches.append(batch)
-        return real(m, imgsz, batch, *args, **kwargs)
+    def compare(m, shape, *args, **kwargs):
+        batches.append(shape.batch)
+        return real(m, shape, *args, **kwargs)
 
     real = summary.compare_plans
     monkeypatch.setattr(summary, "compare_plans", compare)
@@ -38,7 +38,7 @@ def test_compare_under_ddp_measures_the_batch_of_one_rank(monkeypatch, tmp_path)
     plain = DetectionModel(deepcopy(MINI), verbose=False).train()
     plain.load_state_dict(model.state_dict())
     plain.args = get_cfg()
-    peak = measure_peak(plain, training_batch(plain, 64, 2)).peak
+    peak = measure_peak(plain, training_batch(plain, StepShape(64, 2))).peak
     assert vanilla["peak_MiB"] == round(peak / 2**20, 1) and ours["peak_MiB"] < vanilla["peak_MiB"]
 
 
@@ -55,7 +55,7 @@ def test_compare_counts_the_loss_plan(tmp_path):
                               device=torch.device("cpu"),
                               args=SimpleNamespace(checkpoint_compare=True, imgsz=128, amp=False))
     vanilla, ours = summary.compare_with_vanilla(trainer)
-    data = training_batch(plain, 128, 2)
+    data = training_batch(plain, StepShape(128, 2))
     assert vanilla["peak_MiB"] == round(measure_peak(plain, data).peak / 2**20, 1)
     assert ours["plan"] == "loss exact" and ours["peak_MiB"] == round(measure_peak(model, data).peak / 2**20, 1)
     assert ours["peak_MiB"] < vanilla["peak_MiB"]

@@ -17,7 +17,7 @@ from ultralytics.cfg import get_cfg
 from ultralytics.nn.tasks import DetectionModel
 
 from yolo_ckpt.memory.device import SimulatedDevice
-from yolo_ckpt.memory.step import OBJECTS_PER_IMAGE, training_batch
+from yolo_ckpt.memory.step import OBJECTS_PER_IMAGE, StepShape, training_batch
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.choice import choose_plan
 from yolo_ckpt.planning.costs import unit_costs
@@ -44,7 +44,7 @@ def small():
 
 @pytest.fixture(scope="module")
 def rows(small):
-    return measure_candidates(small, IMGSZ, BATCH)
+    return measure_candidates(small, StepShape(IMGSZ, BATCH))
 
 
 # ------------------------------------------------------------------------------------ the independent reference
@@ -111,7 +111,7 @@ def reference(small, row, imgsz=IMGSZ) -> tuple[int, int]:
     model = deepcopy(small)
     plan = CheckpointPlan.from_spec(model, row["checkpoint_stages"], row["checkpoint_layers"] or None)
     regions = [r.layers for r in plan.regions]
-    data = training_batch(model, imgsz, BATCH)
+    data = training_batch(model, StepShape(imgsz, BATCH))
     model.zero_grad(set_to_none=True)
     with LiveTensorTracker() as tracker:
         preds = checkpointed_forward(model, data["img"], regions, row["checkpoint_mode"] == "selective")
@@ -151,13 +151,13 @@ def test_pareto_front(rows):
 def test_largest_imgsz_fits(small, rows):
     row = min(rows, key=lambda r: r["step_bytes"])
     target = reference(small, row, 224)[0]
-    s = largest_imgsz(small, row, BATCH, target, IMGSZ)
+    s = largest_imgsz(small, row, StepShape(IMGSZ, BATCH), target)
     assert 192 <= s <= 256 and reference(small, row, s)[0] <= target * 1.02  # a prediction from two measured sizes
-    assert largest_imgsz(small, row, BATCH, 2 * target, IMGSZ) > s
+    assert largest_imgsz(small, row, StepShape(IMGSZ, BATCH), 2 * target) > s
 
 
 def test_untouchable_memory(small):
-    rows = {r["what"]: r["MiB"] for r in untouchable(small, IMGSZ, BATCH, objects=(10, 200))}
+    rows = {r["what"]: r["MiB"] for r in untouchable(small, StepShape(IMGSZ, BATCH), objects=(10, 200))}
     state = rows["weights"] + rows["EMA copy"] + rows["optimizer (AdamW, 2 moments)"]
     assert state == pytest.approx(state_by_hand(small) / 2**20, abs=0.2)  # what planning counts as model state
     assert rows["loss + assigner, 200 objects per image"] > rows["loss + assigner, 10 objects per image"] > 0
@@ -196,11 +196,12 @@ def test_tradeoffs_on_a_device_smaller_than_vanilla():
     """vanilla and every plan over the device are reported as not fitting; the others equal the rows measured without
     a device; auto's choice is choose_plan's on that device; no step ever tries to pass the device."""
     small = detector(MINI)
-    rows = measure_candidates(small, IMGSZ, BATCH)
+    rows = measure_candidates(small, StepShape(IMGSZ, BATCH))
     limit, need = device_between(small, rows)
     budget = int(limit / 0.6)  # auto's share of it: as large as the device
-    costs, _, _ = on_device(limit, small, lambda: unit_costs(small, IMGSZ))  # one set of timings for both choices
-    extra, peak, tried = on_device(limit, small, lambda: tradeoffs(small, IMGSZ, BATCH, f"{budget}B", costs=costs))
+    shape = StepShape(IMGSZ, BATCH)
+    costs, _, _ = on_device(limit, small, lambda: unit_costs(small, shape))  # one set of timings for both choices
+    extra, peak, tried = on_device(limit, small, lambda: tradeoffs(small, shape, f"{budget}B", costs=costs))
     assert peak <= limit and tried <= limit
     got = extra["candidates"]
     order = {r["plan"]: i for i, r in enumerate(rows)}  # candidates come fastest first, by step times timed anew
@@ -223,10 +224,10 @@ def test_tradeoffs_on_a_device_smaller_than_vanilla():
     assert any("vanilla does not fit" in line for line in extra["notes"])
 
     share = int(0.6 * budget) - loop_batches(small, IMGSZ, BATCH)  # as training plans: less the loop's batches
-    choice, _, _ = on_device(limit, small, lambda: choose_plan(small, IMGSZ, BATCH, share, costs=costs))
+    choice, _, _ = on_device(limit, small, lambda: choose_plan(small, StepShape(IMGSZ, BATCH), share, costs=costs))
     chosen = extra["chosen"]
     assert chosen["auto"] and chosen["plan"] == describe(choice.candidate)
     assert chosen["fits"] and chosen["step_bytes"] == choice.measured_bytes
     assert got[0]["largest_imgsz"] < IMGSZ  # predicted from smaller sizes, below the size the device did not hold
-    plain = {r["what"]: r["MiB"] for r in untouchable(small, IMGSZ, BATCH)}
+    plain = {r["what"]: r["MiB"] for r in untouchable(small, StepShape(IMGSZ, BATCH))}
     assert all(r["MiB"] in (None, plain[r["what"]]) for r in extra["untouchable"])

@@ -16,6 +16,7 @@ from ultralytics.utils.patches import torch_load
 
 from yolo_ckpt import YOLO, CheckpointPlan, checkpoint_plan
 from yolo_ckpt.integration.settings import CKPT_CFG_DICT, saved_settings
+from yolo_ckpt.memory.step import StepShape
 
 from support import (
     TRAIN_ARGS,
@@ -325,7 +326,7 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     monkeypatch.setattr(measure, "step_loss", out_of_memory)
     fake = SimpleNamespace(memory_target=2**20, device=torch.device("cuda", 0))
     model = DetectionModel(copy.deepcopy(MINI), verbose=False).train()
-    line = rp.confirm_on_cuda(fake, model, PlanSettings.of([1]), 2, 64, 10, None)
+    line = rp.confirm_on_cuda(fake, model, PlanSettings.of([1]), StepShape(64, 2, 10))
     assert "ran out of memory when confirmed" in line
 
 

@@ -12,14 +12,13 @@ import math
 import time
 from typing import Any
 
-import torch
 from torch import nn
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.utils import LOGGER, RANK, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
 from ..memory.device import device_memory, release, unless_oom
-from ..memory.step import batch_bytes, grad_bytes, loop_bytes, planned_copy
+from ..memory.step import StepShape, batch_bytes, grad_bytes, loop_bytes, planned_copy
 from ..memory.tracker import cuda_peak
 from ..planning.autobatch import plan_batch
 from ..planning.choice import choose_plan, choose_plan_and_batch
@@ -31,17 +30,16 @@ from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
 from ..regions.settings import VANILLA, PlanSettings
 from ..regions.spec import CheckpointConfigError
-from ..report.summary import training_formats
 from .distributed import from_rank0
 from .run_memory import (
     PREFIX,
     dataset_facts,
     memory_target,
     objects,
-    planning_imgsz,
     record_settings,
     settings_of,
     smallest_device,
+    step_shape,
 )
 from .settings import is_auto
 from .validation_batch import plan_validation, validate_at_planned_batch
@@ -107,20 +105,18 @@ def plan_for_budget(trainer: Any, model: nn.Module, stages: str, max_num_obj: in
     what the device has free, so planning itself stays inside the share it plans for.
     """
     budget, fraction, source = memory_target(trainer)
-    imgsz = planning_imgsz(trainer)
-    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
-    kw = dict(imgsz=imgsz, budget=budget, fraction=fraction, objects=max(max_num_obj, 1), amp=amp)
+    shape = step_shape(trainer, max(max_num_obj, 1))  # its batch is what ``plan_batch`` chooses
     trainer.memory_target = int(fraction * budget)
-    LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of {source} at imgsz={imgsz}"
-                f"{f' under {amp} autocast' if amp else ''} from measured training steps...")
+    LOGGER.info(f"{colorstr('AutoBatch: ')}planning {fraction:.0%} of {source} at imgsz={shape.imgsz}"
+                f"{f' under {shape.amp} autocast' if shape.amp else ''} from measured training steps...")
     try:
         with planned_copy(model, None) as copy:
-            chosen = plan_batch(copy, **kw)
+            chosen = plan_batch(copy, shape, budget, fraction)
     except ValueError as e:
         raise CheckpointConfigError(f"{e} with {stages}; raise memory_budget or lower imgsz") from None
     try:
         with planned_copy(model, VANILLA) as plain:  # without: no layer plan, Ultralytics' loss
-            without = str(plan_batch(plain, **kw).batch)
+            without = str(plan_batch(plain, shape, budget, fraction).batch)
     except ValueError:
         without = "none fits"
     batch = min(chosen.batch, dataset_size or chosen.batch)
@@ -131,7 +127,7 @@ def plan_for_budget(trainer: Any, model: nn.Module, stages: str, max_num_obj: in
                 f"{how} {chosen.measured_bytes / 2**30:.2f} GB of {chosen.target_bytes / 2**30:.2f} GB, the "
                 f"training loop's other batches ({chosen.loop_bytes / 2**20:.1f} MiB) included")
     trainer.autobatch_without = without
-    held = batch_bytes(model, imgsz, batch, kw["objects"]) + loop_bytes(model, imgsz, batch, kw["objects"])
+    held = batch_bytes(model, shape.at(batch)) + loop_bytes(model, shape.at(batch))
     trainer.val_batch, line = plan_validation(trainer, model, batch, trainer.memory_target, held,
                                               chosen.measured_bytes)
     LOGGER.info(f"{colorstr('AutoBatch: ')}{line}")
@@ -198,9 +194,8 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
 def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, dataset_size: int) -> dict:
     """Rank 0's part of ``auto_plan``: the choice as plain data (settings, batch, log lines) for the broadcast."""
     budget, fraction, source = memory_target(trainer)
-    imgsz = planning_imgsz(trainer)
-    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
     batch = None if autobatch else max(trainer.batch_size // max(trainer.world_size, 1), 1)
+    shape = step_shape(trainer, objects, batch or 1)  # AutoBatch: its batch is what ``choose_plan_and_batch`` chooses
     cap = min(1024, dataset_size) if autobatch and dataset_size else 1024
     trainer.memory_target = int(fraction * budget)
     # DDP's gradient buckets: Ultralytics wraps the model in DistributedDataParallel with its default
@@ -211,24 +206,22 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     # The loop's other batches (step.loop_bytes): without them a plan measured right at a 0.4x share trains 1.2 MB
     # past it (tests/test_device.py). A fixed batch's plan is chosen for the share less them; AutoBatch counts them
     # at every batch it weighs (choice.choose_plan_and_batch), so here they are per image.
-    loop = loop_bytes(model, imgsz, batch or 1, objects)
+    loop = loop_bytes(model, shape)
     what = (f"the largest batch (at most the {cap} training images)" if autobatch and dataset_size
             else "the largest batch" if autobatch else f"batch {batch}")
     less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
     less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB{' per image' if autobatch else ''})"
     LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {fraction:.0%} of "
-                f"{source}{less} at imgsz={imgsz}, {what}...")
+                f"{source}{less} at imgsz={shape.imgsz}, {what}...")
     # the loss plans it may choose beside the layer plan: exact (bit for bit) where the task has it, chunked only
     # where the user wrote it
     loss_modes = auto_loss_modes(trainer.args.checkpoint_loss, trainer.args.task)
     start = time.perf_counter()
     try:
         if autobatch:
-            choice = choose_plan_and_batch(model, imgsz, budget, fraction, objects, amp, max_batch=cap,
-                                           loss_modes=loss_modes)
+            choice = choose_plan_and_batch(model, shape, budget, fraction, max_batch=cap, loss_modes=loss_modes)
         else:
-            choice = choose_plan(model, imgsz, batch, trainer.memory_target - buckets - loop, objects, amp,
-                                 loss_modes=loss_modes)
+            choice = choose_plan(model, shape, trainer.memory_target - buckets - loop, loss_modes=loss_modes)
     except NothingFits as e:  # say what would fit: the budget whose share covers the least-keeping plan
         # (choose_plan_and_batch's bound holds the loop's batches at its batch already)
         need = math.ceil((e.needed + buckets + (0 if autobatch else loop)) / fraction / 2**20)
@@ -236,18 +229,17 @@ def choose(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     except ValueError as e:
         raise CheckpointConfigError(f"{e}; raise memory_budget or lower imgsz") from None
     trainer.planning.measured(choice.costs, choice.batch)  # escalation on out-of-memory starts from them
-    s = choice.candidate.settings
+    s, chosen = choice.candidate.settings, shape.at(choice.batch)
     capped = autobatch and choice.batch == cap == dataset_size
     lines = _choice_lines(choice, f" (capped to the {cap} training images)" if capped else "",
                           time.perf_counter() - start)
     if trainer.device.type == "cuda":
         lines.append(f"{PREFIX} auto: not confirmed on {trainer.device}: the batch was extrapolated beyond what it "
-                     f"holds" if choice.extrapolated else confirm_on_cuda(trainer, model, s, choice.batch, imgsz,
-                                                                          objects, amp))
+                     f"holds" if choice.extrapolated else confirm_on_cuda(trainer, model, s, chosen))
     # the training loop's batches beside validation: the last one trained, and those the loop holds beside it
-    held = buckets + batch_bytes(model, imgsz, choice.batch, objects) + loop_bytes(model, imgsz, choice.batch, objects)
+    held = buckets + batch_bytes(model, chosen) + loop_bytes(model, chosen)
     val_batch, line = plan_validation(trainer, model, choice.batch, trainer.memory_target, held,
-                                      choice.measured_bytes + held - batch_bytes(model, imgsz, choice.batch, objects))
+                                      choice.measured_bytes + held - batch_bytes(model, chosen))
     lines.append(f"{PREFIX} auto: {line}")
     return {"settings": s.keys(), "batch": choice.batch, "lines": lines, "val_batch": val_batch}
 
@@ -262,10 +254,9 @@ def _choice_lines(choice: Any, capped: str, seconds: float) -> list[str]:
     return lines
 
 
-def confirm_on_cuda(trainer: Any, model: nn.Module, settings: PlanSettings, batch: int, imgsz: int, objects: int,
-                    amp: torch.dtype | None) -> str:
-    """One measured step of the chosen plan on the CUDA device: the allocator's ``max_memory_reserved`` against the
-    share of usable memory (tensor bytes were planned; this is what the allocator really takes)."""
+def confirm_on_cuda(trainer: Any, model: nn.Module, settings: PlanSettings, shape: StepShape) -> str:
+    """One measured step of ``shape`` with the chosen plan on the CUDA device: the allocator's ``max_memory_reserved``
+    against the share of usable memory (tensor bytes were planned; this is what the allocator really takes)."""
     from ..memory.step import step_loss, training_batch
 
     dev = device_memory(trainer.device)
@@ -273,9 +264,9 @@ def confirm_on_cuda(trainer: Any, model: nn.Module, settings: PlanSettings, batc
 
     def step() -> int:  # the device bounds it: a memory error is "does not fit" (``unless_oom``), never the run's
         with planned_copy(model, settings.with_loss(None)) as m:  # the loss plan the model has
-            data = training_batch(m, imgsz, batch, objects)
+            data = training_batch(m, shape)
             with cuda_peak(trainer.device) as peak:
-                step_loss(m, data, amp).backward()
+                step_loss(m, data, shape.amp).backward()
             return peak.reserved
 
     reserved = unless_oom(step, trainer.device)

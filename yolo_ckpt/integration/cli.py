@@ -47,6 +47,7 @@ from ..data.resources import data_file
 from ..data.synthetic import DEFAULT_VARIANT, VARIANTS, recipe, recipe_tasks, synthetic_dataset
 from ..memory import step
 from ..memory.device import SimulatedDevice
+from ..memory.step import StepShape
 from ..planning.autobatch import parse_memory
 from ..planning.costs import Costs
 from ..regions.families import DEFAULT_MODELS, ultralytics_class
@@ -326,9 +327,10 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
     if loss != "none":  # the loss plan alone and with the whole network (every other row: Ultralytics' loss)
         plans[f"loss {loss}"] = PlanSettings(loss=loss)
         plans[f"all + head, loss {loss}"] = PlanSettings.of("all", layers="head", loss=loss)
-    stages = profile_stages(model, cfg.imgsz, batch, progress=True, amp=amp)
-    plans = compare_plans(model, cfg.imgsz, batch, plans, progress=True, amp=amp)
+    shape = StepShape(cfg.imgsz, batch, amp=amp)
+    stages = profile_stages(model, shape, progress=True)
+    plans = compare_plans(model, shape, plans, progress=True)
     if not candidates:
         return stages, plans, {}, batch
     fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
-    return stages, plans, tradeoffs(model, cfg.imgsz, batch, cfg.memory_budget, fraction, amp=amp, costs=costs), batch
+    return stages, plans, tradeoffs(model, shape, cfg.memory_budget, fraction, costs=costs), batch

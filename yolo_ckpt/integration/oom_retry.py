@@ -21,14 +21,13 @@ from ..regions.loss.install import enable_loss_checkpointing
 from ..regions.plan import CheckpointPlan
 from ..regions.settings import PlanSettings
 from ..regions.spec import CheckpointConfigError
-from ..report.summary import training_formats
 from .run_memory import (
     PREFIX,
     loss_escalation,
     objects,
-    planning_imgsz,
     record_settings,
     settings_of,
+    step_shape,
 )
 from .validation_batch import plan_validation, validate_at_planned_batch
 
@@ -94,12 +93,11 @@ def escalate_plan(trainer: Any) -> None:
                        f"at the same batch instead of halving it")
         replan_validation(trainer, model, None)
         return
-    imgsz = planning_imgsz(trainer)
-    amp = training_formats(trainer.args, trainer.device, trainer.amp)[0]
+    shape = step_shape(trainer, objects(trainer), trainer.batch_size)
     def plan() -> tuple[PlanSettings, int | None]:
         if state.costs is None:  # once: a second escalation at this imgsz plans from the same unit steps
-            state.measured(unit_costs(model, imgsz, objects(trainer), amp), trainer.batch_size)
-        return next_plan(model, old, imgsz, trainer.batch_size, objects(trainer), amp, state.costs)
+            state.measured(unit_costs(model, shape), trainer.batch_size)
+        return next_plan(model, old, shape, state.costs)
 
     with random_state_kept(Generators.TORCH):  # training goes on from here, as after Ultralytics' own retry
         # a device that holds less than it said may not hold planning's copies: then the plan that keeps the least
@@ -130,8 +128,9 @@ def replan_validation(trainer: Any, model: nn.Module, step: int | None) -> None:
         return
     target = dev.tensor_bytes(dev.usable)
     target = target if trainer.memory_target is None else min(target, trainer.memory_target)
-    imgsz, n, batch = planning_imgsz(trainer), objects(trainer), trainer.batch_size
-    held = batch_bytes(model, imgsz, batch, n) + loop_bytes(model, imgsz, batch, n)
+    batch = trainer.batch_size
+    shape = step_shape(trainer, objects(trainer), batch)
+    held = batch_bytes(model, shape) + loop_bytes(model, shape)
     with random_state_kept(Generators.TORCH):
         try:
             # an unmeasured step claims no peak: what validation measures plus ``held`` stays within ``target``

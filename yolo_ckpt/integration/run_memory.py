@@ -22,12 +22,14 @@ from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import unwrap_model
 
 from ..memory.device import DeviceMemory, device_memory
+from ..memory.step import StepShape
 from ..planning.autobatch import parse_memory
 from ..planning.costs import Costs
 from ..planning.escalation import Snapshot
 from ..planning.search import least_keeping
 from ..regions.loss.install import LOSS_TASKS, loss_checkpointing
 from ..regions.settings import PlanSettings
+from ..report.summary import training_formats
 from .distributed import gather
 
 PREFIX = colorstr("checkpoint:")
@@ -94,6 +96,13 @@ def objects(trainer: Any) -> int:
     labels = getattr(getattr(trainer.train_loader, "dataset", None), "labels", None) or []
     counts = [len(x["cls"]) for x in labels if isinstance(x, dict) and "cls" in x]
     return max(max(counts, default=0) * 4, 1)
+
+
+def step_shape(trainer: Any, per_image: int, batch: int = 1) -> StepShape:
+    """The step the run's memory decisions measure: ``batch`` images (per process) at the largest side it trains at
+    (``planning_imgsz``), ``per_image`` labelled objects in each, under the autocast dtype it trains with."""
+    return StepShape(planning_imgsz(trainer), batch, per_image,
+                     training_formats(trainer.args, trainer.device, trainer.amp)[0])
 
 
 def dataset_facts(trainer: Any) -> tuple[int, int]:

@@ -9,7 +9,7 @@ from torch import nn
 from ultralytics.utils import LOCAL_RANK
 from ultralytics.utils.patches import override_configs
 
-from ..memory.step import state_bytes, validation_probe, weight_bytes
+from ..memory.step import StepShape, state_bytes, validation_probe, weight_bytes
 from ..planning.autobatch import probe_room
 from ..planning.random_state import Generators, random_state_kept
 from ..regions.spec import CheckpointConfigError
@@ -62,7 +62,7 @@ def plan_validation(trainer: Any, model: nn.Module, batch: int, target: int, hel
     limit = probe_room(model, target - held).limit
 
     def measure(b: int) -> int | None:
-        return validation_probe(model, imgsz, b, n, half, limit)
+        return validation_probe(model, StepShape(imgsz, b, n), half, limit)
 
     if (got := measure(default)) is not None:
         peak = " (the run's peak)" if got + held > step else ""

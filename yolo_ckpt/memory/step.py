@@ -15,17 +15,19 @@ out-of-memory error, which means "does not fit", and its memory is released.
 Examples:
     >>> model = build_model("yolo11n.yaml")
     >>> with planned_copy(model, PlanSettings.of("all")) as m:
-    ...     step_bytes(m, imgsz=320, batch=2) < step_bytes(model, imgsz=320, batch=2)
+    ...     step_bytes(m, StepShape(320, 2)) < step_bytes(model, StepShape(320, 2))
     True
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -40,6 +42,35 @@ from .tracker import LiveTensorTracker
 OBJECTS_PER_IMAGE = 50  # boxes per image in the measured batch; loss memory grows with them
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """The shape of a training step as planning measures it: the batch it trains on and the precision it runs in.
+
+    One value for what every measured step needs besides the model, so that it travels whole from the run to each
+    probe; a function that sweeps batches asks for ``shape.at(b)``.
+
+    Attributes:
+        imgsz (int): Square image side.
+        batch (int): Images in the batch.
+        objects (int): Labelled objects per image (detect, segment, pose, obb); loss memory grows with them.
+        amp (torch.dtype | None): Autocast dtype of the forward (``torch.float16``/``torch.bfloat16``), ``None`` for
+            full precision.
+
+    Examples:
+        >>> StepShape(640, 4, amp=torch.bfloat16).at(8)
+        StepShape(imgsz=640, batch=8, objects=50, amp=torch.bfloat16)
+    """
+
+    imgsz: int
+    batch: int = 1
+    objects: int = OBJECTS_PER_IMAGE
+    amp: torch.dtype | None = None
+
+    def at(self, batch: int) -> StepShape:
+        """The same step at ``batch`` images."""
+        return dataclasses.replace(self, batch=batch)
+
+
 def build_model(cfg: str, overrides: dict | None = None) -> nn.Module:
     """Build the Ultralytics task model for a model YAML (or load a ``.pt``), ready for ``model.loss``."""
     from ultralytics.cfg import get_cfg
@@ -52,16 +83,15 @@ def build_model(cfg: str, overrides: dict | None = None) -> nn.Module:
     return model.float().train()
 
 
-def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> dict:
+def training_batch(model: nn.Module, shape: StepShape) -> dict:
     """A deterministic batch in the format Ultralytics' loss of the model's task expects.
 
-    Every tensor's size is proportional to ``batch`` (``batch_bytes`` relies on it).
+    Every tensor's size is proportional to ``shape.batch`` (``batch_bytes`` relies on it).
 
     Args:
         model: An Ultralytics task model (its class decides the label format).
-        imgsz: Square image side.
-        batch: Images in the batch.
-        objects: Labelled objects per image (detect, segment, pose, obb).
+        shape: Image side, images and labelled objects per image (detect, segment, pose, obb); its ``amp`` is not
+            read (the batch is float32, as the loader's after ``preprocess``).
 
     Semantic segmentation gets ``semantic_mask`` (int32 class ids, batch x imgsz x imgsz: the image's resolution,
     as ``SemanticFormat`` and the collate give it; the loss upsamples its logits to it) and depth gets ``depth``
@@ -76,6 +106,7 @@ def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJE
         SemanticSegmentationModel,
     )
 
+    imgsz, batch, objects = shape.imgsz, shape.batch, shape.objects
     g = torch.Generator().manual_seed(0)
     device = next(model.parameters()).device
     nc = len(model.names) if hasattr(model, "names") else 80
@@ -104,14 +135,14 @@ def training_batch(model: nn.Module, imgsz: int, batch: int, objects: int = OBJE
     return {k: v.to(device) for k, v in b.items()}
 
 
-def batch_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> int:
-    """Bytes of ``training_batch(model, imgsz, batch, objects)`` on the device, computed from batch 1 (every tensor
-    of it grows with the batch), so that no batch is allocated to learn its size."""
-    one = training_batch(model, imgsz, 1, objects)
-    return batch * sum(t.untyped_storage().nbytes() for t in one.values())
+def batch_bytes(model: nn.Module, shape: StepShape) -> int:
+    """Bytes of ``training_batch(model, shape)`` on the device, computed from batch 1 (every tensor of it grows with
+    the batch), so that no batch is allocated to learn its size."""
+    one = training_batch(model, shape.at(1))
+    return shape.batch * sum(t.untyped_storage().nbytes() for t in one.values())
 
 
-def loop_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE) -> int:
+def loop_bytes(model: nn.Module, shape: StepShape) -> int:
     """Bytes of batches Ultralytics' training loop holds during a step beside the one the step trains on: the
     loader's uint8 images, and at every second step's start the previous batch (measured on a
     simulated device: vanilla's loop alternates by exactly one batch, and ``gc.collect()`` does not free it).
@@ -119,8 +150,8 @@ def loop_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_
     The loader's images live in host memory: they count where the model trains on the CPU (a simulated device counts
     every live CPU tensor), not on an accelerator, which holds only the previous batch."""
     host = next(model.parameters()).device.type == "cpu"
-    uint8 = batch * model.yaml.get("channels", 3) * imgsz * imgsz if host else 0
-    return uint8 + batch_bytes(model, imgsz, batch, objects)
+    uint8 = shape.batch * model.yaml.get("channels", 3) * shape.imgsz**2 if host else 0
+    return uint8 + batch_bytes(model, shape)
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -199,33 +230,31 @@ class StepCost(NamedTuple):
     flops: int
 
 
-def step_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
-               amp: torch.dtype | None = None, limit: int | None = None) -> int:
-    """Memory of a training step as planning counts it: model state, the batch on the device, the exact step peak.
+def step_bytes(model: nn.Module, shape: StepShape, limit: int | None = None) -> int:
+    """Memory of a training step of ``shape`` as planning counts it: model state, the batch on the device, the exact
+    step peak.
 
-    ``limit`` (step bytes) stops the step with ``device.LimitReached`` once it cannot fit (the batch is not even
-    allocated when it alone passes it).
+    ``limit`` (step bytes; ``None``: none) stops the step with ``device.LimitReached`` once it cannot fit (the batch
+    is not even allocated when it alone passes it).
     """
-    return step_cost(model, imgsz, batch, objects, amp, limit).bytes
+    return step_cost(model, shape, limit).bytes
 
 
-def step_cost(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
-              amp: torch.dtype | None = None, limit: int | None = None, flops: bool = False) -> StepCost:
+def step_cost(model: nn.Module, shape: StepShape, limit: int | None = None, flops: bool = False) -> StepCost:
     """``step_bytes`` and, with ``flops=True``, the step's FLOPs, counted in the same step."""
     static = state_bytes(model)
-    inputs = batch_bytes(model, imgsz, batch, objects)
+    inputs = batch_bytes(model, shape)
     if limit is not None and static + inputs > limit:
         raise LimitReached(f"the batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
-    data = training_batch(model, imgsz, batch, objects)  # on the device for the whole step, as the trainer's batch
-    step = measure_peak(model, data, amp, None if limit is None else limit - static - inputs, flops)
+    data = training_batch(model, shape)  # on the device for the whole step, as the trainer's batch
+    step = measure_peak(model, data, shape.amp, None if limit is None else limit - static - inputs, flops)
     return StepCost(static + inputs + step.peak, step.flops)
 
 
-def probe_step(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE,
-               amp: torch.dtype | None = None, limit: int | None = None) -> int | None:
-    """A probe step that may not pass ``limit`` step bytes; ``None`` when it does not fit (out of memory at the limit
-    or on the device), its memory released (``device.release``)."""
-    return unless_oom(lambda: step_bytes(model, imgsz, batch, objects, amp, limit), next(model.parameters()).device)
+def probe_step(model: nn.Module, shape: StepShape, limit: int | None = None) -> int | None:
+    """A probe step that may not pass ``limit`` step bytes (``None``: no limit but the device's); ``None`` when it
+    does not fit (out of memory at the limit or on the device), its memory released (``device.release``)."""
+    return unless_oom(lambda: step_bytes(model, shape, limit), next(model.parameters()).device)
 
 
 def step_flops(model: nn.Module, batch: dict, amp: torch.dtype | None = None) -> int:
@@ -272,7 +301,7 @@ def planned_copy(model: nn.Module, plan: PlanSettings | None = NO_PLAN) -> Itera
 
     Examples:
         >>> with planned_copy(build_model("yolo11n.yaml"), PlanSettings.of([2, 3], "selective")) as m:
-        ...     step = measure_peak(m, training_batch(m, 128, 1))
+        ...     step = measure_peak(m, training_batch(m, StepShape(128)))
     """
     m = with_plan(model, plan) if plan is not None else copy.deepcopy(model)  # a deep copy carries the plan
     try:
@@ -295,7 +324,7 @@ def copy_for_plans(model: nn.Module) -> Iterator[Callable[[PlanSettings], nn.Mod
 
     Examples:
         >>> with copy_for_plans(build_model("yolo11n.yaml")) as install:
-        ...     steps = [measure_peak(m := install(PlanSettings.of(p)), training_batch(m, 128, 1))
+        ...     steps = [measure_peak(m := install(PlanSettings.of(p)), training_batch(m, StepShape(128)))
         ...              for p in ([], [2, 3], "all")]
     """
     with planned_copy(model) as m:
@@ -309,8 +338,7 @@ def copy_for_plans(model: nn.Module) -> Iterator[Callable[[PlanSettings], nn.Mod
         yield install
 
 
-def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE, half: bool = False,
-                     limit: int | None = None) -> int:
+def validation_bytes(model: nn.Module, shape: StepShape, half: bool = False, limit: int | None = None) -> int:
     """Memory of one validation batch as planning counts it, measured on a plain copy of ``model``.
 
     What Ultralytics' validator runs during training (``BaseValidator.__call__``): the EMA model in eval
@@ -318,19 +346,20 @@ def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OB
     (``half``), its forward and the loss of its predictions. Counted like a step: model state (weights, EMA, two
     optimizer moments; the gradients were set to ``None`` by the last optimizer step), a second copy of the weights
     (the final evaluation loads best.pt beside that state), the batch on the device and the exact peak of forward and
-    loss. Not counted: non-maximum suppression of the predictions (a few boxes per image). Square ``imgsz`` images
-    bound the validator's rectangular batches where ``imgsz`` is their padded size
+    loss. Not counted: non-maximum suppression of the predictions (a few boxes per image). Square ``shape.imgsz``
+    images bound the validator's rectangular batches where it is their padded size
     (``validation_batch.validation_imgsz``: Ultralytics pads them by half a stride, 192 px for ``imgsz=160``).
 
-    ``limit`` (bytes, as ``step_bytes``): past it, ``device.LimitReached``.
+    ``shape.amp`` is not read: the validator's precision is ``half``. ``limit`` (bytes, as ``step_bytes``): past it,
+    ``device.LimitReached``.
     """
     static = state_bytes(model) + weight_bytes(model)
-    inputs = batch_bytes(model, imgsz, batch, objects)
+    inputs = batch_bytes(model, shape)
     if limit is not None and static + inputs > limit:
         raise LimitReached(f"the validation batch alone ({inputs / 2**20:.2f} MiB) passes the planning share")
     with planned_copy(model) as m:
         m.eval()
-        data = training_batch(m, imgsz, batch, objects)
+        data = training_batch(m, shape)
         if half:
             data["img"] = data["img"].half()
         tracker = LiveTensorTracker() if limit is None else MemoryLimit(limit - static - inputs, "planning share",
@@ -343,9 +372,7 @@ def validation_bytes(model: nn.Module, imgsz: int, batch: int, objects: int = OB
     return static + inputs + tracker.peak
 
 
-def validation_probe(model: nn.Module, imgsz: int, batch: int, objects: int = OBJECTS_PER_IMAGE, half: bool = False,
-                     limit: int | None = None) -> int | None:
+def validation_probe(model: nn.Module, shape: StepShape, half: bool = False, limit: int | None = None) -> int | None:
     """``validation_bytes`` within ``limit``; ``None`` when it does not fit (at the limit or on the device), its
     memory released (as ``probe_step``)."""
-    return unless_oom(lambda: validation_bytes(model, imgsz, batch, objects, half, limit),
-                      next(model.parameters()).device)
+    return unless_oom(lambda: validation_bytes(model, shape, half, limit), next(model.parameters()).device)

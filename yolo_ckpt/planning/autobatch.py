@@ -34,8 +34,8 @@ device and the batch is extrapolated from the largest measured step by the same 
 not grow with the batch (``c``) times ``b' / b - 1``, small beside the activations of a batch.
 
 Examples:
-    >>> from yolo_ckpt.memory.step import build_model
-    >>> plan_batch(build_model("yolo11n.yaml"), imgsz=320, budget=parse_memory("1GB"), fraction=0.6).batch
+    >>> from yolo_ckpt.memory.step import StepShape, build_model
+    >>> plan_batch(build_model("yolo11n.yaml"), StepShape(320), budget=parse_memory("1GB"), fraction=0.6).batch
     9
 """
 
@@ -44,11 +44,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
 from ..memory.device import LimitReached, device_memory, is_oom, release
-from ..memory.step import loop_bytes, probe_step, state_bytes, step_bytes
+from ..memory.step import StepShape, loop_bytes, probe_step, state_bytes, step_bytes
 
 _UNITS = {"": 2**30, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
           "tb": 2**40, "tib": 2**40}
@@ -68,13 +67,20 @@ def parse_memory(value: str | float | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def probe_room(model: nn.Module, target: int) -> ProbeRoom:
-    """What a probe step on ``model`` (a planning copy, already on its device) may reach now: ``target`` step bytes,
-    and what the device has free (``device.device_memory``) plus the model state that step bytes count but a probe
-    does not allocate (the copy's weights are resident already, EMA and moments do not exist yet)."""
+def probe_room(model: nn.Module, target: int | None = None) -> ProbeRoom:
+    """What a probe step on ``model`` (a planning copy, already on its device) may reach now: ``target`` step bytes
+    (``None``: no share, the device alone bounds it), and what the device has free (``device.device_memory``) plus
+    the model state that step bytes count but a probe does not allocate (the copy's weights are resident already, EMA
+    and moments do not exist yet)."""
     dev = device_memory(next(model.parameters()).device)
     room = None if dev is None else dev.tensor_bytes(dev.free) + state_bytes(model)
     return ProbeRoom(target, room)
+
+
+def _least(*bounds: int | None) -> int | None:
+    """The smallest of the known ``bounds``; ``None`` (no limit) when none is known."""
+    known = [b for b in bounds if b is not None]
+    return min(known) if known else None
 
 
 @dataclass(frozen=True)
@@ -86,31 +92,33 @@ class ProbeRoom:
     probe that does not fit.)
 
     Attributes:
-        target (int): The share it must fit.
+        target (int | None): The share it must fit (``None``: no share).
         device (int | None): What the device can hold for it now (``None``: no limit).
         loop (int): Bytes per image the training loop holds beside a step (``step.loop_bytes`` at batch 1), which
             count against the share but which a probe does not allocate (0: none counted).
     """
 
-    target: int
+    target: int | None
     device: int | None
     loop: int = 0
 
     @property
-    def limit(self) -> int:
-        """The smaller of share and device."""
-        return self.target if self.device is None else min(self.target, self.device)
+    def limit(self) -> int | None:
+        """The smaller of share and device (``None``: neither bounds a probe)."""
+        return _least(self.target, self.device)
 
-    def step_limit(self, batch: int) -> int:
+    def step_limit(self, batch: int) -> int | None:
         """The most a probe step at ``batch`` may reach: the share less the loop's batches, and the device."""
-        share = self.target - self.loop * batch
-        return share if self.device is None else min(share, self.device)
+        return _least(None if self.target is None else self.target - self.loop * batch, self.device)
 
     def bounded(self, batch: int, measured: int, static: int, cap: int) -> int:
         """The largest batch ``b'`` up to ``cap`` whose bound from a step of ``measured`` bytes at ``batch`` fits:
         ``static + (measured - static) · b' / batch + loop · b'`` within the share, and the step's own bound within
         the device."""
-        share = (self.target - static) * batch // (measured - static + self.loop * batch)
+        if self.target is None:  # no share: the device and ``cap`` alone bound it
+            share = cap
+        else:
+            share = (self.target - static) * batch // (measured - static + self.loop * batch)
         device = share if self.device is None else (self.device - static) * batch // (measured - static)
         return min(max(int(min(share, device)), 0), cap)
 
@@ -138,19 +146,18 @@ class BatchPlan:
     loop_bytes: int = 0
 
 
-def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6, max_batch: int = 1024,
-               objects: int = 50, amp: torch.dtype | None = None, loop: bool = True) -> BatchPlan:
+def plan_batch(model: nn.Module, shape: StepShape, budget: int, fraction: float = 0.6, max_batch: int = 1024,
+               loop: bool = True) -> BatchPlan:
     """The largest batch whose measured training step, with the training loop's other batches, fits
     ``fraction * budget`` bytes.
 
     Args:
         model: The model as it will train (a copy, with its checkpoint plan installed, or plain), on its device.
-        imgsz: Training image size.
+        shape: The step's image size, objects per image and autocast dtype; its ``batch`` is not read (the batch is
+            what this chooses, measured from 1 up).
         budget: Device memory to plan for, in bytes.
         fraction: Share of ``budget`` to use (Ultralytics: 0.6 for ``batch=-1``).
         max_batch: Upper clamp, as Ultralytics' 1024.
-        objects: Labelled objects per image in the measured batches.
-        amp: Autocast dtype the run trains with (``torch.float16``/``torch.bfloat16``), ``None`` for full precision.
         loop: Count the loop's other batches (``step.loop_bytes``); ``False`` where the caller's target has
             them taken off already (``choice.measure_candidate``).
 
@@ -158,24 +165,24 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
         ValueError: When not even batch 1 fits (the share, or the device).
     """
     static, target = state_bytes(model), int(fraction * budget)
-    per_image = loop_bytes(model, imgsz, 1, objects) if loop else 0
+    per_image = loop_bytes(model, shape.at(1)) if loop else 0
     room = ProbeRoom(target, probe_room(model, target).device, per_image)
-    first = probe_step(model, imgsz, 1, objects, amp, room.step_limit(1))
+    first = probe_step(model, shape.at(1), room.step_limit(1))
     if first is None or first + per_image > target:
         where = "the device" if room.device is not None and room.device < target else f"{target / 2**30:.3f} GB"
         need = f"{(first + per_image) / 2**30:.3f} GB" if first else f"more than {room.limit / 2**30:.3f} GB"
         with_loop = " with the training loop's other batches" if per_image else ""
-        raise ValueError(f"memory_budget: batch 1 at imgsz={imgsz} needs {need}{with_loop}, over {where}")
+        raise ValueError(f"memory_budget: batch 1 at imgsz={shape.imgsz} needs {need}{with_loop}, over {where}")
     points, b, over, failed, device_out = {1: first}, 1, False, None, False
     while (nxt := room.bounded(b, points[b], static, max_batch)) > b:  # measured only where the bound admits it
-        got, out = _attempt(model, imgsz, nxt, objects, amp, room.step_limit(nxt))
+        got, out = _attempt(model, shape.at(nxt), room.step_limit(nxt))
         if got is None or got + per_image * nxt > target:  # not a·b + c after all, or a device that said more
             over, failed, device_out = got is not None, nxt, out
             break
         points[nxt], b = got, nxt
     while failed is not None and not over and failed - b > 1:  # ran out where room was expected: narrow it down
         mid = (b + failed) // 2
-        got, out = _attempt(model, imgsz, mid, objects, amp, room.step_limit(mid))
+        got, out = _attempt(model, shape.at(mid), room.step_limit(mid))
         if got is not None and got + per_image * mid <= target:
             points[mid], b = got, mid
         else:
@@ -192,12 +199,11 @@ def plan_batch(model: nn.Module, imgsz: int, budget: int, fraction: float = 0.6,
     return BatchPlan(further, step + per_image * further, target, True, points, per_image * further)
 
 
-def _attempt(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None,
-             limit: int) -> tuple[int | None, bool]:
+def _attempt(model: nn.Module, shape: StepShape, limit: int | None) -> tuple[int | None, bool]:
     """A probe step within ``limit`` (``step.probe_step``): ``(bytes or None, whether the device ran out)``. A
     device that runs out is one that holds less than it said; a probe that reached ``limit`` was over the share."""
     try:
-        return step_bytes(model, imgsz, batch, objects, amp, limit), False
+        return step_bytes(model, shape, limit), False
     except RuntimeError as e:
         if not is_oom(e):
             raise

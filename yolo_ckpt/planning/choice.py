@@ -44,8 +44,8 @@ step that reaches it stops there and counts as "does not fit". When the device i
 extrapolated to the batch.
 
 Examples:
-    >>> from yolo_ckpt.measure import build_model
-    >>> choice = choose_plan(build_model("yolov8n.yaml"), imgsz=128, batch=2, target=200 * 2**20)
+    >>> from yolo_ckpt.memory.step import StepShape, build_model
+    >>> choice = choose_plan(build_model("yolov8n.yaml"), StepShape(128, 2), target=200 * 2**20)
     >>> choice.plan.describe(), choice.measured_bytes <= 200 * 2**20  # doctest: +SKIP
     ('stages [1, 2] selective', True)
 """
@@ -55,11 +55,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
 from ..memory.device import unless_oom
-from ..memory.step import batch_bytes, grad_bytes, loop_bytes, probe_step, state_bytes
+from ..memory.step import StepShape, batch_bytes, grad_bytes, loop_bytes, probe_step, state_bytes
 from ..regions.plan import CheckpointPlan
 from .autobatch import BatchPlan, ProbeRoom, plan_batch, probe_room
 from .costs import Costs, time_candidate, unit_costs
@@ -165,66 +164,59 @@ class Over:
     target: int
 
 
-def measure_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, target: int | None, objects: int = 50,
-                      amp: torch.dtype | None = None) -> tuple[int | None, bool]:
-    """``c``'s step at ``batch`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``
+def measure_candidate(model: nn.Module, c: Candidate, shape: StepShape, target: int | None) -> tuple[int | None, bool]:
+    """``c``'s step of ``shape`` on a copy, within the target and the device: ``(bytes or None, extrapolated)``
     (``measure_copy`` on ``c.copy(model)``). The copy itself, and the dry run that resolves its parts, may not fit a
     device that holds less than it said: that too is "does not fit"."""
     def measure() -> tuple[int | None, bool]:
         with c.copy(model) as m:
-            return measure_copy(m, imgsz, batch, target, objects, amp)
+            return measure_copy(m, shape, target)
 
     got = unless_oom(measure, next(model.parameters()).device)
     return (None, False) if got is None else got
 
 
-def measure_copy(m: nn.Module, imgsz: int, batch: int, target: int | None, objects: int = 50,
-                 amp: torch.dtype | None = None) -> tuple[int | None, bool]:
-    """The step at ``batch`` of a planning copy ``m`` (any plan installed), within the target and the device:
+def measure_copy(m: nn.Module, shape: StepShape, target: int | None) -> tuple[int | None, bool]:
+    """The step of ``shape`` of a planning copy ``m`` (any plan installed), within the target and the device:
     ``(bytes or None, extrapolated)``.
 
     ``None``: the probe stopped at its limit, so the plan does not fit. When the device holds less than ``target``,
-    the step is ``plan_batch``'s, up to ``batch``, extrapolated from batches the device holds. ``target`` is step
-    bytes (the caller takes the training loop's other batches off it); ``target=None``: what the device holds now,
-    less the optimizer's moments and the training loop's other batches at ``batch``, is the target (escalation, with
-    the training state resident).
+    the step is ``plan_batch``'s, up to ``shape.batch``, extrapolated from batches the device holds. ``target`` is
+    step bytes (the caller takes the training loop's other batches off it); ``target=None``: what the device holds
+    now, less the optimizer's moments and the training loop's other batches at ``shape.batch``, is the target
+    (escalation, with the training state resident).
     """
-    room = probe_room(m, 2**62 if target is None else target)
+    room = probe_room(m, target)
     if target is None:  # the optimizer's moments appear at the first step: keep room for them (AdamW: two)
         # and for the training loop's other batches, released with the failed step (``step.loop_bytes``)
-        less = 2 * grad_bytes(m) + loop_bytes(m, imgsz, batch, objects)
+        less = 2 * grad_bytes(m) + loop_bytes(m, shape)
         free = None if room.device is None else room.device - less
-        room = ProbeRoom(free if free is not None else room.target, free)
-        target = room.target
-    if room.device is None or room.device >= target:
-        got = probe_step(m, imgsz, batch, objects, amp, room.limit)
+        room = ProbeRoom(free, free)  # no device limit: no target either
+    if room.device is None or room.target is None or room.device >= room.target:
+        got = probe_step(m, shape, room.limit)
         return got, False
     try:
-        p = plan_batch(m, imgsz, target, 1.0, max_batch=batch, objects=objects, amp=amp, loop=False)
+        p = plan_batch(m, shape, room.target, 1.0, max_batch=shape.batch, loop=False)
     except ValueError:
         return None, False
-    return (p.measured_bytes if p.batch >= batch else None), p.extrapolated
+    return (p.measured_bytes if p.batch >= shape.batch else None), p.extrapolated
 
 
-def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: int = 50,
-                amp: torch.dtype | None = None, costs: Costs | None = None, measured: dict | None = None,
-                sized: BatchFit | None = None, loss_modes: tuple = ()) -> Choice:
-    """The candidate with the least predicted step time whose measured step at ``batch`` fits ``target`` bytes; its
-    step is then timed at ``batch`` (``Choice.measured_seconds``) on a copy, in the memory just measured.
+def choose_plan(model: nn.Module, shape: StepShape, target: int, costs: Costs | None = None,
+                measured: dict | None = None, sized: BatchFit | None = None, loss_modes: tuple = ()) -> Choice:
+    """The candidate with the least predicted step time whose measured step of ``shape`` fits ``target`` bytes; its
+    step is then timed at ``shape.batch`` (``Choice.measured_seconds``) on a copy, in the memory just measured.
 
     Args:
         model: The model as it will train, plain (frozen layers already frozen), on its device.
-        imgsz: Training image size.
-        batch: Training batch.
+        shape: The training step: image size, batch, objects per image and the run's autocast dtype.
         target: Bytes the step (model state, batch, step peak) must fit.
-        objects: Labelled objects per image in the measured batches.
-        amp: Autocast dtype of the run's forward, ``None`` for full precision.
         costs: ``unit_costs`` of this model, when already measured.
-        measured: Steps already measured on this model at ``imgsz`` (``(units, modes, batch)`` keys, vanilla's units
-            ``()``; ``Over`` values did not fit the target they were measured for), filled in as it measures, so
-            that choosing for several targets measures each plan once (again only for a target larger than the one
-            it did not fit).
-        sized: The plan whose step set ``batch`` (``choose_plan_and_batch``), known to fit ``target`` there: taken
+        measured: Steps already measured on this model at ``shape.imgsz`` (``(units, modes, batch)`` keys, vanilla's
+            units ``()``; ``Over`` values did not fit the target they were measured for), filled in as it measures,
+            so that choosing for several targets measures each plan once (again only for a target larger than the
+            one it did not fit).
+        sized: The plan whose step set ``shape.batch`` (``choose_plan_and_batch``), known to fit ``target`` there: taken
             when it is faster than every candidate measured to fit, or when none is, so that a batch set by a plan is
             never refused.
         loss_modes: The loss plans it may choose beside the layer plan (``install.auto_loss_modes``; ``unit_costs``).
@@ -232,9 +224,10 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
     Raises:
         NothingFits: One line when not even the plan that keeps the least fits, with a bound on what it needs.
     """
-    costs = costs or unit_costs(model, imgsz, objects, amp, loss_modes)
-    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
-    probe = _Probe(model, imgsz, batch, target, objects, amp, costs, {} if measured is None else measured)
+    batch = shape.batch
+    costs = costs or unit_costs(model, shape, loss_modes)
+    fixed = state_bytes(model) + batch_bytes(model, shape)
+    probe = _Probe(model, shape, target, costs, {} if measured is None else measured)
     plain = no_recompute(costs, batch, fixed)
     if plain.predicted_bytes <= target * (1 + MARGIN) and (got := probe.fits(plain)) is not None:
         return probe.choice(plain, got, [])
@@ -254,9 +247,9 @@ def choose_plan(model: nn.Module, imgsz: int, batch: int, target: int, objects: 
         if all(c != t.candidate for t in probe.tried) and (got := probe.fits(c)) is not None:
             return probe.choice(c, got, [])
     least = min(probe.tried, key=lambda t: (t.measured is None, t.measured or 0, t.candidate.predicted_bytes))
-    needed = needed_bytes(model, least.candidate, imgsz, batch, objects, amp)
+    needed = needed_bytes(model, least.candidate, shape)
     raise NothingFits(f"checkpoint_stages=auto: nothing fits {target / 2**30:.3f} GB at batch {batch}, imgsz "
-                      f"{imgsz}; the plan that keeps the least ({describe(least.candidate)}) needs at most "
+                      f"{shape.imgsz}; the plan that keeps the least ({describe(least.candidate)}) needs at most "
                       f"{needed / 2**30:.3f} GB", needed)
 
 
@@ -266,11 +259,8 @@ class _Probe:
     step had to be extrapolated (then the choice is not timed)."""
 
     model: nn.Module
-    imgsz: int
-    batch: int
+    shape: StepShape
     target: int
-    objects: int
-    amp: torch.dtype | None
     costs: Costs
     measured: dict
     tried: list[Tried] = field(default_factory=list)
@@ -279,11 +269,10 @@ class _Probe:
     def fits(self, c: Candidate) -> int | None:
         """``c``'s measured step bytes where they fit the target, else ``None``; each plan measured once per batch
         (again only for a target larger than one it did not fit)."""
-        key = (*c.key, self.batch)
+        key = (*c.key, self.shape.batch)
         got = self.measured.get(key)
         if got is None or isinstance(got, Over) and got.target < self.target:  # a larger target may hold it
-            got, extra = measure_candidate(self.model, c, self.imgsz, self.batch, self.target, self.objects,
-                                           self.amp)
+            got, extra = measure_candidate(self.model, c, self.shape, self.target)
             got = self.measured[key] = Over(self.target) if got is None else got
             self.extrapolated |= extra
         got = None if isinstance(got, Over) else got
@@ -292,10 +281,10 @@ class _Probe:
 
     def choice(self, c: Candidate, got: int, later: list[Candidate]) -> Choice:
         """``c`` chosen, its step timed at the batch on a copy unless a step was extrapolated."""
-        seconds = None if self.extrapolated else time_candidate(self.model, c, self.imgsz, self.batch, self.objects,
-                                                                self.amp)
-        return Choice(c, c.plan(self.model), self.batch, got, self.target, self.batch * self.costs.plain.flops,
-                      self.tried, later, self.costs, self.extrapolated, seconds)
+        seconds = None if self.extrapolated else time_candidate(self.model, c, self.shape)
+        batch = self.shape.batch
+        return Choice(c, c.plan(self.model), batch, got, self.target, batch * self.costs.plain.flops, self.tried,
+                      later, self.costs, self.extrapolated, seconds)
 
 
 def _fastest_fitting(fitting: list[Candidate], target: int, measure: Callable[[Candidate], int | None],
@@ -320,57 +309,57 @@ def _fastest_fitting(fitting: list[Candidate], target: int, measure: Callable[[C
     return best
 
 
-def needed_bytes(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects: int = 50,
-                 amp: torch.dtype | None = None) -> int:
-    """An upper bound on ``c``'s step at ``batch``, from its step at batch 1 (memory is ``a·b + c`` with ``c >= 0``),
+def needed_bytes(model: nn.Module, c: Candidate, shape: StepShape) -> int:
+    """An upper bound on ``c``'s step of ``shape``, from its step at batch 1 (memory is ``a·b + c`` with ``c >= 0``),
     so that a budget said to fit it does."""
     with c.copy(model) as m:
-        one = probe_step(m, imgsz, 1, objects, amp, probe_room(m, 2**62).limit)
+        one = probe_step(m, shape.at(1), probe_room(m).limit)
         static = state_bytes(m)
     if one is None:
         raise NothingFits(f"checkpoint_stages=auto: not even batch 1 of {describe(c)} fits the device at imgsz "
-                          f"{imgsz}", 0)
-    return static + batch * (one - static)
+                          f"{shape.imgsz}", 0)
+    return static + shape.batch * (one - static)
 
 
-def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: float, objects: int = 50,
-                          amp: torch.dtype | None = None, max_batch: int = 1024, loss_modes: tuple = (),
-                          costs: Costs | None = None) -> Choice:
+def choose_plan_and_batch(model: nn.Module, shape: StepShape, budget: int, fraction: float, max_batch: int = 1024,
+                          loss_modes: tuple = (), costs: Costs | None = None) -> Choice:
     """AutoBatch with ``auto``: the largest batch any plan allows (at most ``max_batch``: Ultralytics caps AutoBatch at
-    the training images), then the fastest plan (least predicted step time) that fits at that batch.
+    the training images), then the fastest plan (least predicted step time) that fits at that batch. ``shape``: the
+    step's image size, objects per image and autocast dtype; its ``batch`` is not read (the batch is what this
+    chooses).
 
     The plans predicted to keep about the least are measured at the batch the first of them allows; the one measured
     to keep the least sets the batch (``plan_batch``), and is the choice there unless a faster plan is measured to fit
     (predictions at that batch may miss it: it is never refused). At every batch the training loop's other batches
     (``step.loop_bytes``) count against the share, as ``plan_batch`` counts them: the choice's ``target_bytes``
     is the share less them, at its batch, as for a fixed batch. ``loss_modes``: the loss plans it may choose
-    (``choose_plan``); ``costs``: this model's ``unit_costs`` at ``imgsz`` with those loss plans, when already measured.
+    (``choose_plan``); ``costs``: this model's ``unit_costs`` at ``shape.imgsz`` with those loss plans, when already
+    measured.
 
     Raises:
         ValueError: When not even batch 1 fits with the plan that keeps the least.
     """
-    costs = costs or unit_costs(model, imgsz, objects, amp, loss_modes)
+    costs = costs or unit_costs(model, shape, loss_modes)
     ranked = sorted(candidates(costs, 1, 0), key=lambda c: (c.predicted_bytes, c.seconds))
     near = [c for c in ranked if c.predicted_bytes <= ranked[0].predicted_bytes * (1 + MARGIN)][:MAX_MEASURED]
     target = int(fraction * budget)
 
     def largest(c: Candidate) -> BatchPlan:
         with c.copy(model) as m:
-            return plan_batch(m, imgsz=imgsz, budget=budget, fraction=fraction, max_batch=max_batch, objects=objects,
-                              amp=amp)
+            return plan_batch(m, shape, budget=budget, fraction=fraction, max_batch=max_batch)
 
     def step_target(batch: int) -> int:  # the share less the loop's other batches at ``batch``
-        return target - loop_bytes(model, imgsz, batch, objects)
+        return target - loop_bytes(model, shape.at(batch))
 
     try:
         first = largest(near[0])
     except ValueError:
         raise ValueError(f"checkpoint_stages=auto: not even batch 1 fits {fraction:.0%} of {budget / 2**30:.3f} GB at "
-                         f"imgsz {imgsz} with {describe(near[0])}") from None
+                         f"imgsz {shape.imgsz} with {describe(near[0])}") from None
     sizes = {}  # the plans predicted to keep about the least, measured at that batch: the least sets the batch
     measured = {}  # the same steps for ``choose_plan`` (a plan that did not fit there is not measured again)
     for c in near:
-        got, extra = measure_candidate(model, c, imgsz, first.batch, step_target(first.batch), objects, amp)
+        got, extra = measure_candidate(model, c, shape.at(first.batch), step_target(first.batch))
         if not extra:  # an extrapolated step is measured again there, so that the choice says it is one
             measured[(*c.key, first.batch)] = Over(step_target(first.batch)) if got is None else got
         if got is not None:
@@ -381,5 +370,4 @@ def choose_plan_and_batch(model: nn.Module, imgsz: int, budget: int, fraction: f
         sized = BatchFit(least, second)
     # ``sized`` fits there (its step is one ``plan_batch`` measured, or extrapolated, within the share less the
     # loop's batches), so ``choose_plan`` never refuses that batch
-    return choose_plan(model, imgsz, sized.batch, step_target(sized.batch), objects, amp, costs, measured, sized,
-                       loss_modes)
+    return choose_plan(model, shape.at(sized.batch), step_target(sized.batch), costs, measured, sized, loss_modes)

@@ -11,7 +11,16 @@ import torch
 from torch import nn
 
 from ..memory.device import MemoryLimit, unless_oom
-from ..memory.step import batch_bytes, grad_bytes, planned_copy, state_bytes, step_loss, time_steps, training_batch
+from ..memory.step import (
+    StepShape,
+    batch_bytes,
+    grad_bytes,
+    planned_copy,
+    state_bytes,
+    step_loss,
+    time_steps,
+    training_batch,
+)
 from ..memory.tracker import LiveTensorTracker
 from ..regions.graph import joined_stages, model_parts, model_stages
 from ..regions.recompute import MODES
@@ -156,31 +165,31 @@ class Costs:
         return {**phases, LOSS: self.loss[loss]} if loss in self.loss else phases
 
 
-def _unit_phases(m: nn.Module, c: Candidate, imgsz: int, objects: int, amp: torch.dtype | None,
-                 last: int | None) -> Phases | None:
-    """``Phases`` of ``c``'s step at batch 1 on ``m`` (planning's copy; ``c`` is installed on it) within what the
-    device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy and batch
-    (the same step, so the memory it needs is what was just measured within the bound)."""
+def _unit_phases(m: nn.Module, c: Candidate, shape: StepShape, last: int | None) -> Phases | None:
+    """``Phases`` of ``c``'s step of ``shape`` at batch 1 on ``m`` (planning's copy; ``c`` is installed on it) within
+    what the device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy
+    and batch (the same step, so the memory it needs is what was just measured within the bound)."""
     c.installs.install(m)  # as ``Candidate.copy`` installs it
-    room = probe_room(m, 2**62).device  # step bytes the device holds for a probe now
-    data = training_batch(m, imgsz, 1, objects)
-    limit = None if room is None else room - state_bytes(m) - batch_bytes(m, imgsz, 1, objects)
+    room = probe_room(m).device  # step bytes the device holds for a probe now
+    one = shape.at(1)
+    data = training_batch(m, one)
+    limit = None if room is None else room - state_bytes(m) - batch_bytes(m, one)
     device = next(m.parameters()).device
-    phases = unless_oom(lambda: _phases(m, data, amp, last, limit), device)
+    phases = unless_oom(lambda: _phases(m, data, shape.amp, last, limit), device)
     if phases is None:
         return None
     # the same step again; still bounded by the device: a CUDA allocator may need more than the exact bytes
-    seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], device)
+    seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS, shape.amp)[0], device)
     return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
 
 
-def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype | None = None,
-               loss_modes: tuple = ()) -> Costs:
+def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = ()) -> Costs:
     """Measure the plain step and each unit alone, in each mode (its parts' too where the model's plans take modes
     per region and the unit has block layers), at batch 1 (on copies of the model), each within what the device has
     free, and time each such step that fit. With ``loss_modes`` (``install.auto_loss_modes``) every step runs
     Ultralytics' loss, and each of those loss plans is measured alone too (``Costs.loss``); without, every step runs
-    the loss plan ``model`` has.
+    the loss plan ``model`` has. ``shape``: the steps' image size, objects per image and autocast dtype; its
+    ``batch`` is not read (units are measured at batch 1).
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
@@ -207,11 +216,11 @@ def unit_costs(model: nn.Module, imgsz: int, objects: int = 50, amp: torch.dtype
             else:
                 c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout, loss=base)
             last = where[unit].ranges[-1][1] if unit not in (None, HEAD, LOSS) else None  # the head: backward first
-            if (phases := _unit_phases(m, c, imgsz, objects, amp, last)) is not None:
+            if (phases := _unit_phases(m, c, shape, last)) is not None:
                 costs[(unit, mode)] = phases
             elif unit is None:
-                raise ValueError(f"checkpoint_stages=auto: a training step at batch 1, imgsz {imgsz} does not fit "
-                                 f"the device")
+                raise ValueError(f"checkpoint_stages=auto: a training step at batch 1, imgsz {shape.imgsz} does not "
+                                 f"fit the device")
     units = [u for u in units if all((u, mode) in costs for mode in MODES)]
     plain = costs.pop((None, "full"))
     loss = {mode: costs.pop((LOSS, mode)) for mode in loss_modes if (LOSS, mode) in costs}
@@ -243,11 +252,10 @@ def _layout(model: nn.Module, stages: dict, head: tuple) -> tuple[Layout, ...]:
     return tuple(Layout(u, ranges, nests(ranges)) for u, ranges in spans)
 
 
-def time_candidate(model: nn.Module, c: Candidate, imgsz: int, batch: int, objects: int = 50,
-                   amp: torch.dtype | None = None) -> float | None:
-    """Median time of ``c``'s step at ``batch`` on a copy (``TIMED_STEPS``); ``None`` when it ran out of memory (a
+def time_candidate(model: nn.Module, c: Candidate, shape: StepShape) -> float | None:
+    """Median time of ``c``'s step of ``shape`` on a copy (``TIMED_STEPS``); ``None`` when it ran out of memory (a
     CUDA allocator may need more than the exact bytes counted). Call it only for a plan whose step was measured to
     fit: the timed steps are that step again, so they need the memory it was measured to need."""
     with c.copy(model) as m:
-        data = training_batch(m, imgsz, batch, objects)
-        return unless_oom(lambda: time_steps([m], data, TIMED_STEPS, amp)[0], next(model.parameters()).device)
+        data = training_batch(m, shape)
+        return unless_oom(lambda: time_steps([m], data, TIMED_STEPS, shape.amp)[0], next(model.parameters()).device)

@@ -12,7 +12,7 @@ failed step changed before any optimizer step (BatchNorm buffers, the random gen
 
 Examples:
     >>> snap = Snapshot.take(model, ema_updates=0)  # doctest: +SKIP
-    >>> settings, measured = next_plan(model, PlanSettings.of([2, 3]), imgsz=640, batch=4)  # doctest: +SKIP
+    >>> settings, measured = next_plan(model, PlanSettings.of([2, 3]), StepShape(640, 4))  # doctest: +SKIP
     >>> snap.restore(model)  # doctest: +SKIP
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..memory.step import batch_bytes, planned_copy, state_bytes
+from ..memory.step import StepShape, batch_bytes, planned_copy, state_bytes
 from ..regions.settings import PlanSettings
 from .choice import MAX_MEASURED, measure_candidate, measure_copy
 from .costs import Costs, unit_costs
@@ -83,27 +83,27 @@ def _units(model: nn.Module, settings: PlanSettings, costs: Costs) -> tuple | No
     return (*stages, *(u for u in costs.units if u in (NECK, HEAD) and settings.layers))
 
 
-def next_plan(model: nn.Module, settings: PlanSettings, imgsz: int, batch: int, objects: int = 50,
-              amp: torch.dtype | None = None, costs: Costs | None = None) -> tuple[PlanSettings, int | None]:
-    """Where a run that ran out of memory at ``batch`` with ``settings`` goes: the cheapest plan predicted to keep less
-    whose step at ``batch`` fits what the device has free now less the training loop's other batches (measured on
-    copies; ``choice.measure_candidate``), or, when none is measured to fit, the planner's least-keeping
+def next_plan(model: nn.Module, settings: PlanSettings, shape: StepShape,
+              costs: Costs | None = None) -> tuple[PlanSettings, int | None]:
+    """Where a run that ran out of memory at ``shape.batch`` with ``settings`` goes: the cheapest plan predicted to
+    keep less whose step of ``shape`` fits what the device has free now less the training loop's other batches
+    (measured on copies; ``choice.measure_candidate``), or, when none is measured to fit, the planner's least-keeping
     candidate (``search.least_keeping``, unmeasured: the next out-of-memory error then halves the batch).
 
     Args:
         model: The training model (plan installed or not); copies are measured, it never runs.
         settings: The failed plan (its layer keys: its loss plan is the run's).
-        imgsz: Training image size.
-        batch: The batch that ran out of memory (per process).
-        objects: Labelled objects per image in the measured batches.
-        amp: Autocast dtype of the run's forward.
-        costs: ``unit_costs`` of the model at ``imgsz`` (auto measured them already), or ``None`` to measure them.
+        shape: The step that ran out of memory: image size, batch (per process), objects per image, the run's
+            autocast dtype.
+        costs: ``unit_costs`` of the model at ``shape.imgsz`` (auto measured them already), or ``None`` to measure
+            them.
 
     Returns:
         (tuple): The next plan's settings and its measured step bytes (``None`` when not measured).
     """
-    costs = costs or unit_costs(model, imgsz, objects, amp)
-    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch, objects)
+    batch = shape.batch
+    costs = costs or unit_costs(model, shape)
+    fixed = state_bytes(model) + batch_bytes(model, shape)
     units, measured = _units(model, settings, costs), False
     if units is not None and all(u in costs.units for u in units) and units:
         current = fixed + costs.predict(units, settings.mode, batch)[0]
@@ -113,14 +113,14 @@ def next_plan(model: nn.Module, settings: PlanSettings, imgsz: int, batch: int, 
         # (not its batch-1 step scaled to the batch: that scales the parameter gradients too, and at 160 px puts a
         # plan of parts above stage 1 alone, which keeps more)
         with planned_copy(model, settings) as m:
-            got, _ = measure_copy(m, imgsz, batch, None, objects, amp)
-        current = 2**62 if got is None else got  # over what the device holds: any plan measured to fit keeps less
+            got, _ = measure_copy(m, shape, None)
+        current = got  # None: over what the device holds, so any plan measured to fit keeps less
         measured = True
     for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
-        got, _ = measure_candidate(model, c, imgsz, batch, None, objects, amp)
+        got, _ = measure_candidate(model, c, shape, None)
         # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
         # auto wrote it as a per-unit plan, would be chosen again)
-        if got is not None and (not measured or got < current):
+        if got is not None and (not measured or current is None or got < current):
             return c.settings, got
     return least_keeping(costs, batch, fixed).settings, None
 

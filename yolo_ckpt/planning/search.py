@@ -65,7 +65,7 @@ class _Partial(NamedTuple):
     saved: int  # bytes no longer kept: what the forward and the units after these no longer hold
     seconds: float  # recompute time
     flops: int  # recompute FLOPs
-    window: int  # the largest backward window of these units less the savings before each
+    window: float  # the largest backward window of these units less the savings before each (-inf: no unit)
 
 
 def _undominated(plans: list[_Partial]) -> list[_Partial]:
@@ -75,7 +75,7 @@ def _undominated(plans: list[_Partial]) -> list[_Partial]:
     first step saving at least as much has the least window of all that do."""
     kept: list[_Partial] = []
     saved: list[int] = []  # the staircase: savings ascending, windows ascending with them
-    windows: list[int] = []
+    windows: list[float] = []
     for q in sorted(plans, key=lambda q: (q.seconds, q.flops, -q.saved, q.window)):
         at = bisect.bisect_left(saved, q.saved)
         if at < len(saved) and windows[at] <= q.window:
@@ -98,7 +98,7 @@ def _front_plans(costs: Costs) -> Iterator[tuple[tuple, tuple]]:
     bounded where per-unit modes make the space exponential (``space_size``)."""
     p = costs.plain
     for only in [None] if costs.mixed else MODES:  # one mode for all: a front per mode
-        plans = [_Partial((), (), 0, 0.0, 0, -(2**62))]
+        plans = [_Partial((), (), 0, 0.0, 0, -math.inf)]  # no unit yet: no window (the identity of ``max``)
         for g in costs.groups():  # more than one unit only in one mode for all
             grown = list(plans)
             for q in plans:
@@ -168,7 +168,8 @@ def deepest(model: nn.Module) -> PlanSettings:
     return Candidate(tuple(w.unit for w in layout), modes, 0, 0, head, layout=layout).settings
 
 
-def escalations(costs: Costs, current: int, batch: int, fixed: int) -> list[Candidate]:
-    """The plans predicted to keep less than ``current`` step bytes at ``batch``, least predicted step time first:
-    where a run that ran out of memory goes next (the first of them is the next point of the Pareto front)."""
-    return [c for c in candidates(costs, batch, fixed, loss=False) if c.predicted_bytes < current]
+def escalations(costs: Costs, current: int | None, batch: int, fixed: int) -> list[Candidate]:
+    """The plans predicted to keep less than ``current`` step bytes at ``batch`` (``None``: a step over what the
+    device holds, so every plan), least predicted step time first: where a run that ran out of memory goes next (the
+    first of them is the next point of the Pareto front)."""
+    return [c for c in candidates(costs, batch, fixed, loss=False) if current is None or c.predicted_bytes < current]

@@ -13,10 +13,10 @@ checkpointing frees (under it a whole-network plan's step peaks above the same s
 ``tests/test_profiler.py``), so it would run out of memory exactly where only the checkpointed step fits.
 
 Examples:
-    >>> from yolo_ckpt.memory.step import build_model, planned_copy
+    >>> from yolo_ckpt.memory.step import StepShape, build_model, planned_copy
     >>> from yolo_ckpt.regions.settings import PlanSettings
     >>> with planned_copy(build_model("yolo11n.yaml"), PlanSettings.of("all")) as m:
-    ...     fit = fitting_step(m, imgsz=128, batch=2)  # None when it does not fit the device
+    ...     fit = fitting_step(m, StepShape(128, 2))  # None when it does not fit the device
     >>> fit.peak_bytes < fit.step_bytes
     True
 """
@@ -33,7 +33,16 @@ import torch
 from torch import nn
 
 from ..memory.device import MemoryLimit, device_memory, unless_oom
-from ..memory.step import batch_bytes, planned_copy, state_bytes, step_cost, time_steps, training_batch, with_plan
+from ..memory.step import (
+    StepShape,
+    batch_bytes,
+    planned_copy,
+    state_bytes,
+    step_cost,
+    time_steps,
+    training_batch,
+    with_plan,
+)
 from ..memory.tracker import cuda_peak
 from ..planning.autobatch import probe_room
 from ..regions.install import disable_checkpointing
@@ -62,29 +71,28 @@ class Fit:
 
 def device_room(model: nn.Module) -> int | None:
     """Step bytes the device of ``model`` (a copy, on its device) holds for a probe now; ``None``: no limit."""
-    return probe_room(model, 2**62).device  # no share: a profile is bounded by the device alone
+    return probe_room(model).device  # no share: a profile is bounded by the device alone
 
 
-def fitting_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None = None) -> Fit | None:
-    """One training step of ``model`` within what its device has free now; ``None`` when it does not fit (the step
-    stopped at the limit and its memory was released)."""
+def fitting_step(model: nn.Module, shape: StepShape) -> Fit | None:
+    """One training step of ``shape`` of ``model`` within what its device has free now; ``None`` when it does not fit
+    (the step stopped at the limit and its memory was released)."""
     device, limit = next(model.parameters()).device, device_room(model)
     with cuda_peak(device) if device.type == "cuda" else nullcontext() as peak:  # a probe step (``probe_step``)
-        got = unless_oom(lambda: step_cost(model, imgsz, batch, amp=amp, limit=limit, flops=True), device)
+        got = unless_oom(lambda: step_cost(model, shape, limit=limit, flops=True), device)
     if got is None:
         return None
-    inputs = batch_bytes(model, imgsz, batch)
+    inputs = batch_bytes(model, shape)
     cuda = peak.allocated - peak.before - inputs if peak is not None else None
     return Fit(got.bytes, got.bytes - state_bytes(model) - inputs, got.flops, cuda)
 
 
-def plan_step(model: nn.Module, plan: PlanSettings, imgsz: int, batch: int,
-              amp: torch.dtype | None = None) -> Fit | None:
+def plan_step(model: nn.Module, plan: PlanSettings, shape: StepShape) -> Fit | None:
     """``fitting_step`` of a copy of ``model`` with ``plan`` installed. The copy is gone when it returns: a ``with
     planned_copy(...) as m`` in a loop keeps the last copy bound to ``m`` until the next one exists, two copies on the
     device where one was counted."""
     with planned_copy(model, plan) as m:
-        return fitting_step(m, imgsz, batch, amp)
+        return fitting_step(m, shape)
 
 
 def _time_alone(model: nn.Module, plan: PlanSettings, data: dict, amp: torch.dtype | None) -> float:
@@ -108,9 +116,8 @@ def within_device(model: nn.Module, measure: Callable[[], T]) -> T | None:
     return unless_oom(bounded, device)
 
 
-def time_plans(model: nn.Module, plans: list[PlanSettings], imgsz: int, batch: int, repeats: int,
-               amp: torch.dtype | None = None) -> list[float]:
-    """Median step time of each plan at ``imgsz`` and ``batch``, timed in interleaved rounds so that machine drift
+def time_plans(model: nn.Module, plans: list[PlanSettings], shape: StepShape, repeats: int) -> list[float]:
+    """Median step time of each plan's step of ``shape``, timed in interleaved rounds so that machine drift
     hits all plans alike (``step.time_steps``).
 
     A first, untimed round warms every plan up. Without a device limit every plan's copy lives for all rounds. On a
@@ -119,7 +126,7 @@ def time_plans(model: nn.Module, plans: list[PlanSettings], imgsz: int, batch: i
     """
     if not repeats:
         return [0.0] * len(plans)
-    data = training_batch(model, imgsz, batch)
+    data, amp = training_batch(model, shape), shape.amp
     if device_memory(data["img"].device) is None:
         models = [with_plan(model, plan) for plan in plans]
         try:

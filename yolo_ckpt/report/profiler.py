@@ -8,10 +8,10 @@ process. On a GPU or a simulated one (``simulate_gpu=``) every step runs within 
 when vanilla does not fit, nothing is given as a ratio to it.
 
 Examples:
-    >>> from yolo_ckpt.memory.step import build_model
+    >>> from yolo_ckpt.memory.step import StepShape, build_model
     >>> model = build_model("yolo11n.yaml")
     >>> plans = {"none": PlanSettings(), "all": PlanSettings.of("all")}
-    >>> rows = compare_plans(model, imgsz=320, batch=2, plans=plans, repeats=1)
+    >>> rows = compare_plans(model, StepShape(320, 2), plans=plans, repeats=1)
     >>> rows[1]["peak_ratio"] < 0.7
     True
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..memory.step import measure_peak, planned_copy, step_loss, training_batch
+from ..memory.step import StepShape, measure_peak, planned_copy, step_loss, training_batch
 from ..planning import costs
 from ..regions.graph import model_stages
 from ..regions.recompute import Mode
@@ -35,15 +35,15 @@ from .fitting import fitting_step, mib, plan_step, ratio, time_plans
 from .plots import axes, legend_points
 
 
-def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, PlanSettings], repeats: int | None = None,
-                  progress: bool = False, amp: torch.dtype | None = None) -> list[dict]:
-    """Measure each plan's training step, one copy at a time; ratios are to the first plan (vanilla).
+def compare_plans(model: nn.Module, shape: StepShape, plans: dict[str, PlanSettings], repeats: int | None = None,
+                  progress: bool = False) -> list[dict]:
+    """Measure each plan's training step of ``shape``, one copy at a time; ratios are to the first plan (vanilla).
 
     Each plan's loss plan is its own where it has one, else the one ``model`` has.
 
     Memory and FLOPs are exact per plan, each step within what the device has free (``fitting.fitting_step``); step
     times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``; ``None``: as many as planning times,
-    ``costs.TIMED_STEPS``); ``amp`` is the forward's autocast dtype (``None``: full precision).
+    ``costs.TIMED_STEPS``); ``shape.amp`` is the forward's autocast dtype (``None``: full precision).
 
     Returns:
         (list[dict]): One row per plan: name, stages, ``fits``, peak/FLOP/time figures and ratios to the first plan.
@@ -54,9 +54,9 @@ def compare_plans(model: nn.Module, imgsz: int, batch: int, plans: dict[str, Pla
 
     repeats = costs.TIMED_STEPS if repeats is None else repeats
     items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
-    fits = {name: plan_step(model, plan, imgsz, batch, amp) for name, plan in items}
+    fits = {name: plan_step(model, plan, shape) for name, plan in items}
     measured = [name for name, fit in fits.items() if fit is not None]
-    seconds = dict(zip(measured, time_plans(model, [plans[n] for n in measured], imgsz, batch, repeats, amp)))
+    seconds = dict(zip(measured, time_plans(model, [plans[n] for n in measured], shape, repeats)))
     first = next(iter(fits))
     base, base_s = fits[first], seconds.get(first)
     rows = []
@@ -108,29 +108,29 @@ def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, 
     return {k: sum(st.nbytes() for st in v.values()) for k, v in saved.items()}
 
 
-def _stage_step(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None, stage: int | None = None,
+def _stage_step(model: nn.Module, shape: StepShape, stage: int | None = None,
                 end: int | None = None) -> tuple[int, int, list | None] | None:
     """``(FLOPs, bytes kept after forward, output shape of layer end)`` of a step of ``model`` (of a copy with only
     ``stage`` checkpointed, gone when it returns: see ``fitting.plan_step``), or ``None`` when it does not fit the
     device: a bounded step (``fitting_step``) first, then the step again on a batch of the same size — in the memory
     the first had, so it fits — for what it keeps after forward."""
     with planned_copy(model, PlanSettings.of([stage])) if stage is not None else nullcontext(model) as m:
-        fit = fitting_step(m, imgsz, batch, amp)
+        fit = fitting_step(m, shape)
         if fit is None:
             return None
         shapes: list[list[int]] = []
         hook = None if end is None else m.model[end].register_forward_hook(lambda _, i, o: shapes.append(list(o.shape)))
         try:
-            kept = measure_peak(m, training_batch(m, imgsz, batch), amp).saved
+            kept = measure_peak(m, training_batch(m, shape), shape.amp).saved
         finally:
             if hook is not None:
                 hook.remove()
         return fit.flops, kept, shapes[0] if shapes else None
 
 
-def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = False,
-                   amp: torch.dtype | None = None) -> list[dict]:
-    """Per backbone stage: layers, output shape, bytes kept for backward with and without checkpointing, FLOPs.
+def profile_stages(model: nn.Module, shape: StepShape, progress: bool = False) -> list[dict]:
+    """Per backbone stage, in a training step of ``shape``: layers, output shape, bytes kept for backward with and
+    without checkpointing, FLOPs.
 
     Without checkpointing, a stage keeps what its ops save for backward (``saved_tensors_hooks``). Checkpointed, it
     keeps that minus what checkpointing frees, the drop in exact live tensor bytes after forward when this stage alone
@@ -142,13 +142,13 @@ def profile_stages(model: nn.Module, imgsz: int, batch: int, progress: bool = Fa
     from ultralytics.utils import TQDM
 
     stages = model_stages(model)
-    base = _stage_step(model, imgsz, batch, amp)
+    base = _stage_step(model, shape)
     # A forward that keeps what vanilla's keeps, and no backward: it fits wherever vanilla's whole step fit.
-    saved = _saved_per_stage(model, training_batch(model, imgsz, batch), stages, amp) if base else {}
+    saved = _saved_per_stage(model, training_batch(model, shape), stages, shape.amp) if base else {}
     model.zero_grad(set_to_none=True)
     rows = []
     for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
-        step = _stage_step(model, imgsz, batch, amp, k, stages[k][-1])
+        step = _stage_step(model, shape, k, stages[k][-1])
         both = base is not None and step is not None
         rows.append({
             "stage": k,

@@ -21,6 +21,7 @@ import torch
 from ultralytics.utils import LOGGER, WINDOWS, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
+from ..memory.step import StepShape
 from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing
 from ..regions.loss.install import disable_loss_checkpointing, loss_checkpointing
 from ..regions.plan import CheckpointPlan
@@ -94,8 +95,8 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
                 f"imgsz={imgsz} batch={batch}, side by side...")
     try:  # each step within what the device has free: a step that does not fit is a row with fits=False
         ours = PlanSettings.of(plan.stages, mode or Mode.FULL, layers, loss or "none")
-        rows = compare_plans(copy, imgsz, batch, {"vanilla": PlanSettings(), name: ours}, COMPARE_ROUNDS,
-                             amp=training_formats(trainer.args, trainer.device, trainer.amp)[0])
+        shape = StepShape(imgsz, batch, amp=training_formats(trainer.args, trainer.device, trainer.amp)[0])
+        rows = compare_plans(copy, shape, {"vanilla": PlanSettings(), name: ours}, COMPARE_ROUNDS)
     finally:
         del copy
     if over := [r["plan"] for r in rows if not r["fits"]]:

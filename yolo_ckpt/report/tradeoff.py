@@ -12,8 +12,8 @@ On a GPU or a simulated one (``simulate_gpu=``) every step runs within what the 
 the plans that fit, and auto's choice is ``choose_plan``'s on that device.
 
 Examples:
-    >>> from yolo_ckpt.memory.step import build_model
-    >>> rows = measure_candidates(build_model("yolov8n.yaml"), imgsz=128, batch=2)
+    >>> from yolo_ckpt.memory.step import StepShape, build_model
+    >>> rows = measure_candidates(build_model("yolov8n.yaml"), StepShape(128, 2))
     >>> sum(r["pareto"] for r in rows) >= 2  # vanilla and the plan that keeps the least, at least
     True
 """
@@ -29,6 +29,7 @@ from torch import nn
 
 from ..memory.device import device_memory
 from ..memory.step import (
+    StepShape,
     batch_bytes,
     copy_for_plans,
     grad_bytes,
@@ -83,11 +84,10 @@ def pareto(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtype | None = None,
-                       repeats: int = 1, costs: Costs | None = None, measured: dict | None = None,
-                       also: tuple = ()) -> list[dict]:
+def measure_candidates(model: nn.Module, shape: StepShape, repeats: int = 1, costs: Costs | None = None,
+                       measured: dict | None = None, also: tuple = ()) -> list[dict]:
     """Every candidate plan of ``checkpoint_stages=auto`` in one mode for all its units, and the plans ``also``
-    (``Candidate``s: auto's choice with a mode per unit), measured at ``batch`` and ``imgsz`` on one copy of the
+    (``Candidate``s: auto's choice with a mode per unit), measured in a step of ``shape`` on one copy of the
     model, each plan installed in turn (``step.copy_for_plans``; on a device a copy per plan), each step within
     what the device has free (``fitting.fitting_step``). Plans with a mode per unit are not all measured: there are
     ``3**n - 1`` of them for ``n`` units.
@@ -105,9 +105,10 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
         the planner's predicted step time ``predicted_s`` (from the batch-1 steps timed in ``unit_costs``) and its
         ratio to vanilla's prediction.
     """
-    costs = costs or unit_costs(model, imgsz, amp=amp)
+    batch = shape.batch
+    costs = costs or unit_costs(model, shape)
     share = measured is not None and device_memory(next(model.parameters()).device) is None
-    fixed = state_bytes(model) + batch_bytes(model, imgsz, batch)
+    fixed = state_bytes(model) + batch_bytes(model, shape)
     rows: list[dict] = []
     unbounded = device_memory(next(model.parameters()).device) is None
     # without a device limit one copy, each plan installed in turn; on a device a copy per plan, freed with whatever
@@ -115,8 +116,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     with copy_for_plans(model) if unbounded else nullcontext() as install:
         for c in [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch,
                                                                  fixed), *also]:
-            fit = fitting_step(install(c.installs), imgsz, batch, amp) if unbounded else \
-                plan_step(model, c.installs, imgsz, batch, amp)
+            fit = fitting_step(install(c.installs), shape) if unbounded else plan_step(model, c.installs, shape)
             if share:
                 measured[(*c.key, batch)] = fit.step_bytes
             rows.append(_row(c, fit))
@@ -124,7 +124,7 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     pareto(rows)
     front = [r for r in rows if r["pareto"]]
     timed = [*([rows[0]] if rows[0]["fits"] and not rows[0]["pareto"] else []), *front]
-    for r, s in zip(timed, time_plans(model, [_plan(r) for r in timed], imgsz, batch, max(repeats, 1), amp)):
+    for r, s in zip(timed, time_plans(model, [_plan(r) for r in timed], shape, max(repeats, 1))):
         r["step_s"] = round(s, 4)
     for r in front:
         if (t := ratio(r["step_s"], rows[0].get("step_s"))) is not None:
@@ -132,11 +132,11 @@ def measure_candidates(model: nn.Module, imgsz: int, batch: int, amp: torch.dtyp
     return rows
 
 
-def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: int, stride: int = 32,
-                  amp: torch.dtype | None = None) -> int | None:
-    """The largest multiple of ``stride`` whose step with ``row``'s plan at ``batch`` is predicted to fit ``target``.
+def largest_imgsz(model: nn.Module, row: dict, shape: StepShape, target: int, stride: int = 32) -> int | None:
+    """The largest multiple of ``stride`` whose step with ``row``'s plan at ``shape.batch`` is predicted to fit
+    ``target``.
 
-    Measured at the two largest of ``imgsz``, ``imgsz // 2``, ``imgsz // 4``, ... (multiples of ``stride``) whose
+    Measured at the two largest of ``shape.imgsz``, half of it, a quarter, ... (multiples of ``stride``) whose
     steps fit the device, each within what it has free (``fitting.fitting_step``): the bytes beyond the model state
     grow as ``a + b * pixels`` (activations, the batch and the loss's anchors all scale with pixels), solved for the
     target. A prediction, not a measurement at that size: on a GPU, confirm with a run. A size whose step did not fit
@@ -146,13 +146,13 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
         (int | None): The size (0: not even the smallest fits ``target``), or ``None`` when fewer than two sizes fit
         the device, so there is nothing to predict from.
     """
-    sizes = [imgsz]
+    sizes = [shape.imgsz]
     while (half := max(sizes[-1] // 2 // stride * stride, stride)) < sizes[-1]:
         sizes.append(half)
     with planned_copy(model, _plan(row)) as m:
         static, room, points, over = state_bytes(m), device_room(m), [], None
         for s in sizes:
-            if (fit := fitting_step(m, s, batch, amp)) is not None:
+            if (fit := fitting_step(m, dataclasses.replace(shape, imgsz=s))) is not None:
                 points.append((s, fit.step_bytes - static))
             else:
                 over = s
@@ -171,13 +171,14 @@ def largest_imgsz(model: nn.Module, row: dict, batch: int, target: int, imgsz: i
     return size
 
 
-def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int | None = None,
-              fraction: float = 0.6, amp: torch.dtype | None = None, costs: Costs | None = None) -> dict:
+def tradeoffs(model: nn.Module, shape: StepShape, memory_budget: str | int | None = None, fraction: float = 0.6,
+              costs: Costs | None = None) -> dict:
     """What ``yolo-ckpt profile`` reports beyond its fixed plans: every candidate plan with its Pareto flag; with
     ``memory_budget``, auto's choice for ``fraction`` of it (``choose_plan``, on the device the profile runs on) and
     the largest imgsz each Pareto plan (and vanilla) fits at this batch; the memory no plan changes.
 
-    ``costs``: the model's ``unit_costs`` at ``imgsz`` when already measured on this device.
+    ``shape``: the step every plan is measured in. ``costs``: the model's ``unit_costs`` at ``shape.imgsz`` when
+    already measured on this device.
 
     Returns:
         (dict): ``candidates`` (rows of ``measure_candidates``), ``untouchable``, ``notes`` (lines for the log) and
@@ -185,22 +186,22 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
     """
     dev = device_memory(next(model.parameters()).device)
     try:
-        costs = costs or unit_costs(model, imgsz, amp=amp)
+        costs = costs or unit_costs(model, shape)
     except ValueError as e:  # not even vanilla's batch-1 step fits the device: there is nothing to plan from
-        return {"candidates": [], "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": [str(e)],
-                "chosen": None}
+        return {"candidates": [], "untouchable": untouchable(model, shape), "notes": [str(e)], "chosen": None}
+    imgsz, batch = shape.imgsz, shape.batch
     choice, failed = None, None
     if memory_budget is not None:  # first: a choice with a mode per unit is measured among the rows
         target = int(fraction * parse_memory(memory_budget))
         try:  # as training chooses: the share less the other batches Ultralytics' loop holds (step.loop_bytes)
-            choice = choose_plan(model, imgsz, batch, target - loop_bytes(model, imgsz, batch), amp=amp, costs=costs)
+            choice = choose_plan(model, shape, target - loop_bytes(model, shape), costs=costs)
         except ValueError as e:
             failed = str(e)
     listed = {(c.units, c.modes) for c in candidates(dataclasses.replace(costs, mixed=False), batch, 0)}
     # a choice of per-unit modes, or of the neck without the head layer, is not among the one-mode rows: one more row
     also = (choice.candidate,) if choice is not None and (choice.candidate.units, choice.candidate.modes) not in \
         listed | {((), ())} else ()
-    rows = measure_candidates(model, imgsz, batch, amp=amp, costs=costs, also=also)
+    rows = measure_candidates(model, shape, costs=costs, also=also)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
     if dev is not None:
         notes.append(f"{sum(r['fits'] for r in rows)} of {len(rows)} plans fit the {dev.name} at imgsz={imgsz} "
@@ -220,29 +221,28 @@ def tradeoffs(model: nn.Module, imgsz: int, batch: int, memory_budget: str | int
             notes.append(failed)
         for r in rows:
             if r["pareto"] or r is rows[0]:  # vanilla too, for comparison
-                r["largest_imgsz"] = largest_imgsz(model, r, batch, target, imgsz, amp=amp)
+                r["largest_imgsz"] = largest_imgsz(model, r, shape, target)
                 notes.append(f"{r['plan']}: imgsz up to {r['largest_imgsz']} at batch {batch} (predicted)"
                              if r["largest_imgsz"] is not None else
                              f"{r['plan']}: no prediction of its largest imgsz (fewer than two image sizes at "
                              f"batch {batch} fit the device)")
-    return {"candidates": rows, "untouchable": untouchable(model, imgsz, batch, amp=amp), "notes": notes,
-            "chosen": chosen}
+    return {"candidates": rows, "untouchable": untouchable(model, shape), "notes": notes, "chosen": chosen}
 
 
-def _loss_peak(model: nn.Module, imgsz: int, batch: int, objects: int, amp: torch.dtype | None) -> int:
-    """Exact peak of ``model.loss`` on given predictions, at ``objects`` per image."""
-    data = training_batch(model, imgsz, batch, objects)
-    with torch.autocast(data["img"].device.type, dtype=amp, enabled=amp is not None):
+def _loss_peak(model: nn.Module, shape: StepShape) -> int:
+    """Exact peak of ``model.loss`` on given predictions, at ``shape.objects`` per image."""
+    data = training_batch(model, shape)
+    with torch.autocast(data["img"].device.type, dtype=shape.amp, enabled=shape.amp is not None):
         preds = model(data["img"])
         with LiveTensorTracker() as tracker:
             model.loss(data, preds)[0].sum()
     return tracker.peak
 
 
-def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ...] = (10, 50, 200),
-                amp: torch.dtype | None = None) -> list[dict]:
+def untouchable(model: nn.Module, shape: StepShape, objects: tuple[int, ...] = (10, 50, 200)) -> list[dict]:
     """Memory no checkpoint plan changes: model state (weights, gradients, EMA, two AdamW moments) and the loss with
-    its assigner, measured (exact peak of ``model.loss`` on given predictions) at several objects per image, each
+    its assigner, measured (exact peak of ``model.loss`` on given predictions) at several ``objects`` per image (not
+    ``shape.objects``), each
     forward and loss within what the device has free (``fitting.within_device``: ``MiB`` is ``None`` where they do
     not fit). The predictions come from the whole network checkpointed, which keeps the least until the loss: the
     loss runs the same ops on the same predictions as after a plain forward, so its figure is the same."""
@@ -251,7 +251,7 @@ def untouchable(model: nn.Module, imgsz: int, batch: int, objects: tuple[int, ..
             {"what": "EMA copy", "MiB": weights}, {"what": "optimizer (AdamW, 2 moments)", "MiB": 2 * grads}]
     with planned_copy(model, PlanSettings.of("all", layers=HEAD)) as least:
         for n in objects:
-            peak = within_device(least, lambda n=n: _loss_peak(least, imgsz, batch, n, amp))
+            peak = within_device(least, lambda n=n: _loss_peak(least, dataclasses.replace(shape, objects=n)))
             rows.append({"what": f"loss + assigner, {n} objects per image", "MiB": peak})
     for r in rows:
         r["MiB"] = mib(r["MiB"])

@@ -40,10 +40,10 @@ Private Ultralytics code reproduced here, read in ``versions.ULTRALYTICS_CHECKED
 ``_forward``; what ``SegTaskAlignedAssigner.pair_overlaps`` reads from its arguments.
 
 Examples:
-    >>> from yolo_ckpt.memory.step import build_model, training_batch
+    >>> from yolo_ckpt.memory.step import StepShape, build_model, training_batch
     >>> model = build_model("yolo11n-seg.yaml")
     >>> enable_loss_checkpointing(model, "exact")
-    >>> loss, items = model.loss(training_batch(model, 128, 2))
+    >>> loss, items = model.loss(training_batch(model, StepShape(128, 2)))
     >>> loss_checkpointing(model)
     'exact'
     >>> disable_loss_checkpointing(model)
