@@ -295,7 +295,7 @@ def test_auto_with_autobatch_caps_at_the_training_images(detect_data, tmp_path):
     assert args["checkpoint_stages"] != "auto"
     small = DetectionModel(deepcopy(SMALL), verbose=False).train()
     small.args = get_cfg()
-    assert choose(small, 64, 8 * 2**30, 0.6, max_batch=16).batch == 16  # the planner itself stops at the cap
+    assert choose(small, StepShape(64), 8 * 2**30, 0.6, max_batch=16).batch == 16  # the planner itself stops at the cap
 
 
 @pytest.mark.parametrize("mixed", [False, True])
