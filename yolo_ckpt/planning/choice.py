@@ -35,7 +35,7 @@ With AutoBatch (``batch=-1`` or a fraction) the plan measured to keep the least 
 largest batch (``plan_batch``), and the fastest plan that fits at that batch is chosen.
 
 Memory is counted as ``plan_batch`` counts a step: model state, the batch on the device and the exact step peak; the
-target a step must fit is the share less the batches the training loop holds beside it (``measure.loop_bytes``).
+target a step must fit is the share less the batches the training loop holds beside it (``step.loop_bytes``).
 
 No probe passes what it may use (``autobatch.ProbeRoom``: the share, and what the device has free): the vanilla step
 and the fixed part (model state, the batch) are computed or predicted, a step is measured only under that limit, and a
