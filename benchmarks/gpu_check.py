@@ -21,7 +21,7 @@ section estimates in brackets.
 3. Planning on the device [~1.5 min]: yolo11n at imgsz 2048, one epoch, no ``memory_budget``:
    ``checkpoint_stages=auto`` at batch 8 and ``batch=-1 checkpoint_stages=all``. For each, the planning peak
    (allocator, ``on_pretrain_routine_start`` to ``on_train_start``: model, AutoBatch or auto, loaders, optimizer) and
-   the first epoch's peak against the planned target (``trainer.memory_target``, where the trainer reports one) and
+   the first epoch's peak against the planned target (``trainer.run_memory.target``, where the trainer reports one) and
    results.csv's ``mem/*`` columns; then one training step of each chosen plan with its exact tensor peak
    (``LiveTensorTracker``) next to ``max_memory_allocated``/``max_memory_reserved``, the allocator's margin over
    tensor bytes. PASS: both trained, and no peak passed its target.
@@ -315,7 +315,7 @@ def planning(quick: bool, device: str) -> Section:
     planned = "the GPU's free memory" if cuda else "memory_budget=256MB"
     body = "\n".join([
         f"yolo11n, imgsz {imgsz}, 1 epoch, planned for {planned}; GB = 2^30 bytes, peaks {unit}. target: "
-        "`trainer.memory_target` (n/a: the trainer reports none for this path).", "",
+        "`trainer.run_memory.target` (n/a: the trainer reports none for this path).", "",
         "| run | batch | plan (stages, mode, layers) | target GB | planning peak GB | first epoch peak GB | "
         "results.csv alloc / reserved / tensor GB |", "|---|---|---|---|---|---|---|", *rows, "",
         "One training step of each chosen plan (AMP and channels_last as the run):", "", *steps, "",
@@ -326,7 +326,7 @@ def planning(quick: bool, device: str) -> Section:
 def planned_against_target(name: str, run: Run) -> tuple[str, list[str], tuple]:
     """A run's table row, the peaks over its target (where the trainer reports one), and the step to check its plan
     with: ``(plan, imgsz, batch, autocast dtype)``."""
-    t, share = run.trainer, getattr(run.trainer, "memory_target", None)
+    t, share = run.trainer, getattr(getattr(run.trainer, "run_memory", None), "target", None)
     (p_alloc, p_res), (e_alloc, e_res) = run.peaks.planning, run.peaks.epoch
     columns = [run.csv.get(k) or "n/a" for k in ("mem/peak_alloc_GB", "mem/peak_reserved_GB", "mem/peak_tensor_GB")]
     row = (f"| {name} | {t.batch_size} | {plan_of(run.args)} | {gb(share)} | {gb(p_alloc)} / {gb(p_res)} | "
@@ -439,7 +439,7 @@ def whole_run(quick: bool, device: str) -> Section:
     if run is None:
         return Section("FAILED", f"{head}\n\nthe run failed: {error}")
     body = [head, "", f"- ended at batch {run.trainer.batch_size} with {plan_of(run.args)}, validator batch "
-                      f"{run.trainer.val_batch or 'Ultralytics own'}; the run's peak {gb(peak)} GB "
+                      f"{run.trainer.run_memory.val_batch or 'Ultralytics own'}; the run's peak {gb(peak)} GB "
                       f"({'reserved' if device == 'cuda' else 'tensor bytes'}), {peak / share:.3f}x the share",
             "", "Log:", "", "```", *lines, "```"]
     return Section("PASS", "\n".join(body))

@@ -52,8 +52,8 @@ def main() -> None:
     rows = (Path(model.trainer.save_dir) / "results.csv").read_text().splitlines()
     epoch = dict(zip([c.strip() for c in rows[0].split(",")], rows[1].split(",")))["mem/peak_tensor_GB"]
     print(f"\nplanning peak {peak / 2**30:.3f} GB of a {share / 2**30:.3f} GB share ({peak / share:.2f}x), "
-          f"batch {model.trainer.batch_size} ({model.trainer.autobatch_without} without checkpointing); the epoch "
-          f"at that batch peaked at {float(epoch):.3f} GB")
+          f"batch {model.trainer.batch_size} ({model.trainer.run_memory.batch_without} without checkpointing); the "
+          f"epoch at that batch peaked at {float(epoch):.3f} GB")
 
 
 if __name__ == "__main__":

@@ -76,8 +76,8 @@ def train(project: str, name: str, device: UntoldDevice | None = None, **kw) -> 
     rows = (save / "results.csv").read_text().splitlines()
     epoch = dict(zip([c.strip() for c in rows[0].split(",")], rows[1].split(",")))["mem/peak_tensor_GB"]
     return {"batch": t.batch_size, "plan": {k: args[k] for k in KEYS}, "planning_GB": seen.get("planning", 0) / 2**30,
-            "epoch_GB": float(epoch), "target_GB": (t.memory_target or 0) / 2**30, "auto": log.lines,
-            "run_GB": device.peak / 2**30 if device is not None else None, "val_batch": t.val_batch}
+            "epoch_GB": float(epoch), "target_GB": (t.run_memory.target or 0) / 2**30, "auto": log.lines,
+            "run_GB": device.peak / 2**30 if device is not None else None, "val_batch": t.run_memory.val_batch}
 
 
 def untold(project: str) -> None:

@@ -173,8 +173,8 @@ def dump_training(trainer) -> None:
     # whether this rank measured auto's unit costs itself (under DDP only rank 0 plans and broadcasts)
     loader = getattr(trainer, "test_loader", None)  # the validator's batch (auto lowers it where it would not fit)
     (out / f"val_batch_rank{RANK}.json").write_text(json.dumps(getattr(loader, "batch_size", None)))
-    planning = getattr(trainer, "planning", None)
-    (out / f"planned_rank{RANK}.json").write_text(json.dumps(getattr(planning, "costs", None) is not None))
+    escalation = getattr(getattr(trainer, "run_memory", None), "escalation", None)
+    (out / f"planned_rank{RANK}.json").write_text(json.dumps(getattr(escalation, "costs", None) is not None))
     if isinstance(trainer.model, torch.nn.Module):
         torch.save(unwrap_model(trainer.model).state_dict(), out / f"model_rank{RANK}.pt")
 

@@ -68,7 +68,7 @@ def test_trainer_autobatch_plans_for_the_budget(detect_data, tmp_path):
                 memory_budget="400MB", **{**TRAIN_ARGS, "epochs": 1, "imgsz": 320, "batch": 0.5})
     trainer = model.trainer
     b = trainer.batch_size
-    assert b == trainer.args.batch < 16 and int(trainer.autobatch_without) < b  # planned, not the CPU default 16
+    assert b == trainer.args.batch < 16 and int(trainer.run_memory.batch_without) < b  # planned, not the CPU default 16
     assert trainer.touched == []  # no BatchNorm statistic or weight moved while planning
     assert trainer.step_dtypes == {torch.float32}  # CPU training runs without autocast, and so did planning
     # planning itself, copies and probe steps included, stayed inside the share it planned for
@@ -167,7 +167,7 @@ def test_cuda_autobatch_and_epoch_memory(detect_data, tmp_path):
                 batch=fraction, device=0, workers=0, plots=False, val=False)
     trainer = model.trainer
     assert trainer.batch_size > vanilla, (trainer.batch_size, vanilla)  # checkpointing bought batch
-    assert abs(int(trainer.autobatch_without) - vanilla) <= 1  # what the log reports for "without" is vanilla's
+    assert abs(int(trainer.run_memory.batch_without) - vanilla) <= 1  # what the log reports for "without" is vanilla's
     row = results(Path(trainer.save_dir))[0]
     alloc, reserved = float(row["mem/peak_alloc_GB"]), float(row["mem/peak_reserved_GB"])
     assert 0 < alloc <= reserved <= torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -16,7 +16,7 @@ from ultralytics.nn.tasks import DetectionModel
 from ultralytics.utils import LOGGER
 from ultralytics.utils.torch_utils import unwrap_model
 
-from yolo_ckpt.integration.run_memory import objects as objects_of
+from yolo_ckpt.integration.run_facts import objects as objects_of
 from yolo_ckpt.memory.device import (
     LimitReached,
     MemoryLimit,
@@ -281,7 +281,7 @@ def test_auto_at_a_fixed_batch_plans_and_trains_within_a_tight_device_share(dete
     device = device_bytes(detect_data, 0.4)
     r = sim_run(detect_data, tmp_path, "tight", checkpoint_stages="auto", simulate_gpu=f"{device}B")
     share = int(0.6 * device)
-    assert r.trainer.memory_target == share and r.batch == r.trainer.batch_size == RUN["batch"]
+    assert r.trainer.run_memory.target == share and r.batch == r.trainer.batch_size == RUN["batch"]
     assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
     chosen = yaml.safe_load((Path(r.trainer.save_dir) / "args.yaml").read_text())
     assert chosen["checkpoint_stages"] != "auto" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
@@ -303,7 +303,7 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
     device = device_bytes(detect_data, vanillas) * 5 // 6
     r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
     share, b = int((0.6 if fraction == -1 else fraction) * device), r.batch
-    assert r.trainer.memory_target == share and 4 < b == r.trainer.batch_size < 16, b  # beyond vanilla's 4
+    assert r.trainer.run_memory.target == share and 4 < b == r.trainer.batch_size < 16, b  # beyond vanilla's 4
     assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
     if stages != "auto":
         objects = objects_of(r.trainer)
@@ -330,7 +330,7 @@ def test_autobatch_leaves_room_for_the_loops_other_batches(detect_data, tmp_path
         step, loop = measured_step(m, imgsz, b, objects), loop_batches(m, imgsz, b, objects)
     device = int((step + loop // 2) / 0.6)
     r = sim_run(detect_data, tmp_path, "loop", batch=-1, simulate_gpu=f"{device}B", **plan)
-    share = r.trainer.memory_target
+    share = r.trainer.run_memory.target
     assert share == int(0.6 * device) and 0 < r.epoch <= share, (r.epoch, share)
     assert 1 < r.batch < b and 0 < r.planning <= share and not r.escalated
     assert "the training loop's other batches" in r.log

@@ -15,7 +15,7 @@ from ultralytics.utils import LOGGER
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO
-from yolo_ckpt.integration.run_memory import objects as objects_of
+from yolo_ckpt.integration.run_facts import objects as objects_of
 from yolo_ckpt.memory.step import build_model, planned_copy
 from yolo_ckpt.planning.search import deepest
 from yolo_ckpt.regions.settings import PlanSettings
@@ -90,7 +90,8 @@ def test_a_plan_that_keeps_the_least_hands_over_to_ultralytics_halving(detect_da
         model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), **least,
                     **{**ARGS, "save_period": -1})
     t = model.trainer  # (flaky beside other tests, cause not found yet: the message says what escalation compared)
-    assert t.oom_raised and t.batch_size == ARGS["batch"] // 2 and not plans, (plans, least, t.planning.least)
+    assert t.oom_raised and t.batch_size == ARGS["batch"] // 2 and not plans, (plans, least,
+                                                                                t.run_memory.escalation.least)
 
 
 def test_the_whole_network_in_full_still_escalates_to_nested_parts(detect_data, tmp_path):
@@ -243,6 +244,7 @@ def test_validation_after_an_escalation_fits_the_device_that_ran_out(detect_data
         trainer, esc = run(detect_data, tmp_path, "escalated", checkpoint_stages=[2, 3], simulate_gpu=f"{device}B",
                            **size)
     assert plans and trainer.batch_size == ARGS["batch"], plans  # escalated, not halved
-    assert trainer.val_batch is not None and trainer.val_batch < 2 * ARGS["batch"], trainer.val_batch
-    assert trainer.test_loader.batch_size == trainer.val_batch
+    val_batch = trainer.run_memory.val_batch
+    assert val_batch is not None and val_batch < 2 * ARGS["batch"], val_batch
+    assert trainer.test_loader.batch_size == val_batch
     assert len(results(esc)) == ARGS["epochs"] and (esc / "weights" / "best.pt").exists()

@@ -287,7 +287,7 @@ def test_auto_with_autobatch_caps_at_the_training_images(detect_data, tmp_path):
 
     model = YOLO("yolov8n.yaml")
     seen = {}
-    model.add_callback("on_train_start", lambda t: seen.update(batch=t.batch_size, target=t.memory_target))
+    model.add_callback("on_train_start", lambda t: seen.update(batch=t.batch_size, target=t.run_memory.target))
     model.train(data=detect_data, project=str(tmp_path), epochs=1, imgsz=64, batch=-1, memory_budget="8GB",
                 checkpoint_stages="auto", workers=0, device="cpu", plots=False, val=False)
     assert seen["batch"] == 16 and seen["target"] == int(0.6 * 8 * 2**30)

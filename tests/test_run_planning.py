@@ -7,7 +7,8 @@ from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO
 from yolo_ckpt.data.synthetic import synthetic_dataset
-from yolo_ckpt.integration import validation_batch
+from yolo_ckpt.integration import memory_hooks, run_facts
+from yolo_ckpt.integration.validation_batch import plan_validation
 from yolo_ckpt.memory.device import SimulatedDevice, UntoldDevice
 from yolo_ckpt.memory.step import StepShape, build_model, planned_copy, state_bytes, validation_bytes, weight_bytes
 from yolo_ckpt.memory.tracker import LiveTensorTracker
@@ -59,9 +60,9 @@ def test_validation_is_planned_at_the_validators_real_size_and_bounds_its_peak(d
     model.train(data=detect_data, project=str(tmp_path), checkpoint_stages=[2, 3], **{**ARGS, "val": True})
     t = model.trainer
     plain = unwrap_model(t.model)
-    size = validation_batch.validation_imgsz(t)  # what plan_validation measures at
+    size = run_facts.validation_imgsz(t)  # what plan_validation measures at
     assert size == t.test_loader.dataset.batch_shapes.max() == 192  # the validator's own batches
-    planned = validation_bytes(plain, StepShape(size, t.test_loader.batch_size, validation_batch.val_facts(t)[0]))
+    planned = validation_bytes(plain, StepShape(size, t.test_loader.batch_size, run_facts.validation_of(t).objects))
     planned -= state_bytes(plain) + weight_bytes(plain)  # the tracker saw what validation allocated, not the state
     real = peaks[0]  # the epoch's (the final one validates best.pt, fused: less)
     assert len(peaks) == 2 and real <= planned <= 1.05 * real, (planned / 2**20, [p / 2**20 for p in peaks])
@@ -83,10 +84,11 @@ def test_a_validator_that_would_not_fit_is_given_the_batch_planned_to_fit(detect
     assert t.test_loader.batch_size == 8 == 2 * t.batch_size, (t.test_loader.batch_size, t.batch_size)
     ultralytics_own = peaks[-1]
     target = static + int(0.8 * ultralytics_own)
-    batch, line = validation_batch.plan_validation(t, plain, t.batch_size, target, 0, 0)
-    assert batch is not None and 1 <= batch < 8 and f"validating at batch {batch}," in line, line
-    t.val_batch = batch
-    validation_batch.validate_at_planned_batch(t)
+    planned = plan_validation(plain, run_facts.validation_of(t), t.batch_size, target, 0, 0)
+    batch = planned.batch
+    assert batch is not None and 1 <= batch < 8 and f"validating at batch {batch}," in planned.line, planned.line
+    t.run_memory.val_batch = batch
+    memory_hooks.validate_at_planned_batch(t)
     t.validate()
     assert t.test_loader.batch_size == batch and t.validator.dataloader is t.test_loader
     assert static + peaks[-1] <= target, (batch, peaks[-1] / 2**20, (target - static) / 2**20)
@@ -105,7 +107,7 @@ def test_the_validation_size_planned_is_the_validators_largest_image(cfg, task, 
     seen = {}
 
     def loaders_built(trainer):  # Ultralytics built its loaders: stop before training
-        seen["planned"] = validation_batch.validation_imgsz(trainer)
+        seen["planned"] = run_facts.validation_imgsz(trainer)
         seen["real"] = max(max(b["img"].shape[-2:]) for b in trainer.test_loader)
         raise _LoadersBuilt
 

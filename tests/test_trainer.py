@@ -277,8 +277,8 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
     broadcast until the collective times out (torch.distributed mocked: rank 0's broadcast is what rank 1 gets)."""
     import torch.distributed as dist
 
-    from yolo_ckpt.integration import auto as rp
-    from yolo_ckpt.integration.run_memory import Planning
+    from yolo_ckpt.integration import memory_hooks as rp
+    from yolo_ckpt.integration.run_memory import RunMemory
 
     sent = []
 
@@ -288,14 +288,14 @@ def test_a_rank_0_planning_failure_reaches_every_rank(monkeypatch):
         else:
             box[0] = sent[-1]
 
-    def choose(*args):
+    def decide(*args):
         raise KeyError("sem_masks")
 
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
     monkeypatch.setattr(dist, "get_rank", lambda: rp.RANK)
-    monkeypatch.setattr(rp, "choose", choose)
-    monkeypatch.setattr(rp, "smallest_device", lambda trainer: None)  # a collective: every rank reads its device
-    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), planning=Planning())
+    monkeypatch.setattr(rp, "decide", decide)
+    monkeypatch.setattr(rp, "smallest_device", lambda device: None)  # a collective: every rank reads its device
+    fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), run_memory=RunMemory())
     monkeypatch.setattr(rp, "RANK", 0)
     with pytest.raises(KeyError, match="sem_masks"):
         rp.auto_plan(fake, 1)
@@ -311,7 +311,6 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     from ultralytics.nn.tasks import DetectionModel
 
     from yolo_ckpt.integration import auto as rp
-    from yolo_ckpt.memory import step as measure
     from yolo_ckpt.memory.device import DeviceMemory
     from yolo_ckpt.regions.settings import PlanSettings
 
@@ -323,10 +322,9 @@ def test_the_cuda_confirmation_step_treats_out_of_memory_as_does_not_fit(monkeyp
     monkeypatch.setattr(rp, "device_memory", lambda device: DeviceMemory(2**30, 2**30, 2**30, 1.1, "cuda:0"))
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *args: None)
-    monkeypatch.setattr(measure, "step_loss", out_of_memory)
-    fake = SimpleNamespace(memory_target=2**20, device=torch.device("cuda", 0))
+    monkeypatch.setattr(rp, "step_loss", out_of_memory)
     model = DetectionModel(copy.deepcopy(MINI), verbose=False).train()
-    line = rp.confirm_on_cuda(fake, model, PlanSettings.of([1]), StepShape(64, 2, 10))
+    line = rp.confirm_on_cuda(torch.device("cuda", 0), 2**20, model, PlanSettings.of([1]), StepShape(64, 2, 10))
     assert "ran out of memory when confirmed" in line
 
 
@@ -348,9 +346,9 @@ def test_ddp_plans_for_the_rank_whose_gpu_has_the_least_memory(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "all_gather_object", gather)
-    fake = SimpleNamespace(device=torch.device("cuda", 0), batch_size=-1, args=SimpleNamespace(memory_budget=None),
-                           planning=rp.Planning())
-    assert rp.memory_target(fake)[0] == int(70 * 2**30 / 1.1)  # one process: its own GPU
-    fake.planning.device = rp.smallest_device(fake)
-    budget, fraction, source = rp.memory_target(fake)
-    assert budget == int(30 * 2**30 / 1.1) and fraction == 0.6 and source == "cuda:1 usable memory"
+    cuda, memory = torch.device("cuda", 0), rp.RunMemory()
+    assert memory.aim(cuda, None, 0.6).budget == int(70 * 2**30 / 1.1)  # one process: its own GPU
+    memory.device = rp.smallest_device(cuda)
+    target = memory.aim(cuda, None, 0.6)
+    assert target.budget == int(30 * 2**30 / 1.1) and target.fraction == 0.6 and target.source == "cuda:1 usable memory"
+    assert memory.target == target.share == int(0.6 * target.budget)

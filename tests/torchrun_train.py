@@ -35,7 +35,8 @@ def own_peaks(trainer) -> None:
     out.mkdir(parents=True, exist_ok=True)
     file = out / f"own_memory_rank{RANK}.json"
     epochs = json.loads(file.read_text()) if file.exists() else {}
-    epochs.setdefault(str(trainer.epoch), getattr(trainer, "epoch_memory_own", None))  # not the final validation's
+    own = getattr(getattr(trainer, "run_memory", None), "epoch_own", None)
+    epochs.setdefault(str(trainer.epoch), own)  # not the final validation's
     file.write_text(json.dumps(epochs))
 
 

@@ -154,9 +154,9 @@ def is_compiled(model: Any) -> bool:
 # (pickled by reference) gets these very objects and a trainer can register each once.
 def start_epoch_memory(trainer: Any) -> None:
     """``on_train_epoch_start``: (re)start the epoch's peak; on CPU count the live weights, EMA and optimizer state."""
-    meter = trainer.memory_meter
+    meter = trainer.run_memory.meter
     if meter is None:
-        meter = trainer.memory_meter = EpochPeak(trainer.device, compiled=is_compiled(trainer.model))
+        meter = trainer.run_memory.meter = EpochPeak(trainer.device, compiled=is_compiled(trainer.model))
         if meter.source == "rss":
             LOGGER.info(f"{PREFIX} compile=True on CPU: exact tensor tracking would run every op through a dispatch "
                         f"mode that compiled graphs cannot hold, so mem/peak_rss_GB is the process peak RSS instead")
@@ -173,15 +173,15 @@ def stop_epoch_memory(trainer: Any) -> None:
     Under DDP (every rank runs this event) each rank measures its own process and device; results.csv and the loggers
     get the maximum over ranks, the rank that runs out first, and the console line names it.
     """
-    meter = trainer.memory_meter
+    meter = trainer.run_memory.meter
     measured = meter.stop() if meter is not None else {}
     keys = meter.keys if meter is not None else ()
     own = {k: measured.get(k, math.nan) for k in keys}  # fixed columns; NaN = not measured
     ranks = gather(own)
-    trainer.epoch_memory_own = own
-    trainer.epoch_memory, top = most_of(ranks, keys)
-    if any(math.isfinite(v) for v in trainer.epoch_memory.values()):
-        values = "/".join(f"{v:.3f}" for v in trainer.epoch_memory.values())
+    trainer.run_memory.epoch_own = own
+    trainer.run_memory.epoch, top = most_of(ranks, keys)
+    if any(math.isfinite(v) for v in trainer.run_memory.epoch.values()):
+        values = "/".join(f"{v:.3f}" for v in trainer.run_memory.epoch.values())
         where = f", rank {top} of {len(ranks)} (the most; ranks {rank_values(ranks, keys)})" if len(ranks) > 1 else ""
         LOGGER.info(f"{PREFIX} epoch {trainer.epoch + 1} peak {values} GB {meter.description}{where}")
 
@@ -204,8 +204,8 @@ def rank_values(ranks: list[dict[str, float]], keys: tuple[str, ...]) -> str:
 
 def close_epoch_memory(trainer: Any) -> None:
     """On any end of training, also after an exception: never leave the CPU tracker active."""
-    if trainer.memory_meter is not None:
-        trainer.memory_meter.close()
+    if trainer.run_memory.meter is not None:
+        trainer.run_memory.meter.close()
 
 
 CALLBACKS = {"on_train_epoch_start": start_epoch_memory, "on_train_epoch_end": stop_epoch_memory}

@@ -1,142 +1,187 @@
-"""The memory facts of a training run, read from a ``CheckpointMixin`` trainer: the target, the batch's shape
-(image size, objects per image), the device, the settings it trains with; and the random state kept across probes.
+"""The run's memory decisions as one object the trainer owns: ``RunMemory`` (``trainer.run_memory``).
 
-The memory decisions of a run (``auto``, AutoBatch, escalation, validation's batch) are made by
-``yolo_ckpt.integration.auto``, ``validation_batch`` and ``oom_retry`` from these facts, at the points of the run where
-Ultralytics decides too. Every step they measure runs on a copy of the model, bounded by what the device has free
-(``device.unless_oom``): a memory error there means "does not fit", never the end of the run. Under DDP rank 0
-decides and every rank installs what it broadcasts.
+What it decides: the memory target (``aim``), AutoBatch's batch for a budget (``batch_for_budget``), ``auto``'s plan
+(``choose_plan``), the validator's batch (``plan_validation``, ``validator_batch``) and, in Ultralytics' first-epoch
+out-of-memory retry, a plan that keeps less at the same batch (``hold_batch``, ``escalate``). What it remembers: the
+target, what AutoBatch gave without checkpointing, the validator's batch, each epoch's peak, and escalation's state
+(``Escalation``).
 
-State lives on the trainer: ``memory_target`` and ``autobatch_without`` (read by the summary and loggers), and
-``trainer.planning`` (a ``Planning``) for escalation.
+Its methods take plain values (a model, a ``StepShape``, a ``MemoryTarget``, a ``Validation``, a ``PlanSettings``),
+which the trainer's hooks (``memory_hooks``) read off the trainer, as Ultralytics' ``auto_batch`` hands plain values
+to ``check_train_batch_size``; the work is done by plain functions (``auto``, ``validation_batch``, ``oom_retry``).
+Every step they measure runs on a copy of the model, bounded by what the device has free (``device.unless_oom``): a
+memory error there means "does not fit", never the end of the run.
+
+Examples:
+    >>> from yolo_ckpt.integration.run_memory import RunMemory
+    >>> memory = RunMemory()
+    >>> target = memory.aim(torch.device("cpu"), memory_budget="1GB", fraction=0.6)  # doctest: +SKIP
+    >>> memory.target == target.share  # doctest: +SKIP
+    True
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ultralytics.utils import LOGGER, RANK, YAML, colorstr
-from ultralytics.utils.patches import override_configs
-from ultralytics.utils.torch_utils import unwrap_model
+import torch
+from torch import nn
+from ultralytics.utils import LOGGER
 
 from ..memory.device import DeviceMemory, device_memory
-from ..memory.step import StepShape
-from ..planning.autobatch import parse_memory
-from ..planning.costs import Costs
-from ..planning.escalation import Snapshot
-from ..planning.search import least_keeping
-from ..regions.loss.install import LOSS_TASKS, loss_checkpointing
+from ..memory.step import StepShape, batch_bytes, loop_bytes
+from ..planning.autobatch import MemoryTarget, parse_memory
+from ..planning.escalation import keeps_least
+from ..planning.random_state import Generators, random_state_kept
+from ..planning.search import deepest
+from ..regions.graph import model_stages
 from ..regions.settings import PlanSettings
-from ..report.summary import training_formats
+from ..regions.spec import CheckpointConfigError
+from ..report.summary import PREFIX
+from . import auto, oom_retry
 from .distributed import gather
-
-PREFIX = colorstr("checkpoint:")
+from .oom_retry import Escalation
+from .validation_batch import Validation, plan_validation
 
 
 @dataclass
-class Planning:
-    """What escalation remembers across Ultralytics' first-epoch retry.
+class RunMemory:
+    """The run's memory decisions and what they remember.
 
     Attributes:
-        costs (Costs | None): Unit costs (auto's, or the first escalation's), from which escalation plans.
-        snapshot (Snapshot | None): The first epoch's start, for an exact restart after an escalation.
-        pipeline_batch (int | None): The batch the loaders were last built at.
-        stages (list[int]): The model's stage numbers, found at set-up (no dry run may allocate in the retry).
-        least (PlanSettings | None): The plan that keeps the least: ``search.deepest`` at set-up, the
-            planner's ``least_keeping`` candidate once the units are measured.
+        target (int | None): Exact tensor bytes ``auto`` or AutoBatch planned a training step to fit.
+        batch_without (int | str | None): What AutoBatch chose for the same memory without checkpointing.
+        val_batch (int | None): The validator's batch where Ultralytics' own would not fit.
         device (DeviceMemory | None): Under DDP, the device of the rank with the least usable memory
-            (``smallest_device``), which rank 0 plans for.
-        escalate (bool): The retry kept the batch: install the next plan when the epoch restarts.
+            (``smallest_device``), which rank 0 plans for; ``None``: the training device.
+        epoch (dict[str, float]): The last epoch's peaks, the maximum over ranks, for results.csv and the loggers.
+        epoch_own (dict[str, float]): The last epoch's peaks of this process.
+        meter (Any): The epoch's ``EpochPeak``, once the first epoch started.
+        escalation (Escalation): What escalation remembers across Ultralytics' retry.
     """
 
-    costs: Costs | None = None
-    snapshot: Snapshot | None = None
-    pipeline_batch: int | None = None
-    stages: list = field(default_factory=list)
-    least: PlanSettings | None = None
-    escalate: bool = False
+    target: int | None = None
+    batch_without: int | str | None = None
+    val_batch: int | None = None
     device: DeviceMemory | None = None
+    epoch: dict[str, float] = field(default_factory=dict)
+    epoch_own: dict[str, float] = field(default_factory=dict)
+    meter: Any = None
+    escalation: Escalation = field(default_factory=Escalation)
 
-    def measured(self, costs: Costs, batch: int) -> None:
-        """The units' costs are known: escalation plans from them, and ends at their least-keeping candidate."""
-        self.costs, self.least = costs, least_keeping(costs, batch).settings
+    def aim(self, device: torch.device, memory_budget: str | float | None, fraction: float) -> MemoryTarget:
+        """The run's memory target, in exact tensor bytes, and its share (``target``) from now on.
+
+        ``memory_budget`` when given (on CUDA its allocator bytes are turned into tensor bytes with the device's
+        ``ALLOCATOR_MARGIN``); otherwise the usable memory of ``device`` (or of the smallest rank's, ``device`` set):
+        CUDA free plus what this process has reserved, as Ultralytics' AutoBatch counts it, or the simulated device.
+        ``fraction``: 0.6, or ``batch=0.x``.
+        """
+        dev = self.device or device_memory(device)
+        if memory_budget is not None:
+            budget = parse_memory(memory_budget)
+            if dev is not None and budget > dev.total:
+                LOGGER.warning(f"{PREFIX} memory_budget={memory_budget} is more than {dev.name} holds "
+                               f"({dev.total / 2**30:.2f} GB): planning for the budget from steps that fit the device")
+            source = f"memory_budget={memory_budget}"
+        else:
+            budget, source = dev.usable, f"{dev.name} usable memory"
+        target = MemoryTarget(dev.tensor_bytes(budget) if dev is not None else budget, fraction, source)
+        self.target = target.share
+        return target
+
+    def batch_for_budget(self, model: nn.Module, shape: StepShape, target: MemoryTarget, described: str,
+                         images: int, validation: Validation) -> int:
+        """AutoBatch for ``target`` on copies of ``model`` (``auto.batch_for_budget``), and the validator's batch
+        for the batch chosen. Returns the batch."""
+        chosen = auto.batch_for_budget(model, shape, target, described, images)
+        self.batch_without = chosen.without
+        line = self.plan_validation(model, validation, chosen.batch, target.share, chosen.held, chosen.step)
+        LOGGER.info(f"{auto.AUTOBATCH}{line}")
+        return chosen.batch
+
+    def choose_plan(self, model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatch: bool, images: int,
+                    buckets: int, loss_modes: Sequence[str], device: torch.device,
+                    validation: Validation) -> auto.AutoChoice:
+        """``auto``'s plan (``auto.choose``), the validator's batch for it (its line among the choice's lines), and
+        escalation's costs from the units it measured."""
+        choice = auto.choose(model, shape, target, autobatch=autobatch, images=images, buckets=buckets,
+                             loss_modes=loss_modes, device=device)
+        self.escalation.measured(choice.costs, choice.batch)
+        line = self.plan_validation(model, validation, choice.batch, target.share, choice.held, choice.step)
+        choice.lines.append(f"{PREFIX} auto: {line}")
+        return choice
+
+    def plan_validation(self, model: nn.Module, validation: Validation, batch: int, target: int, held: int,
+                        step: int) -> str:
+        """The validator's batch for training at ``batch`` within ``target`` (``validation_batch.plan_validation``),
+        kept in ``val_batch``; returns the line that says it."""
+        planned = plan_validation(model, validation, batch, target, held, step)
+        self.val_batch = planned.batch
+        return planned.line
+
+    def validator_batch(self, batch: int) -> int:
+        """The batch the validator's loader gets in place of Ultralytics' ``batch``: at most the one planned."""
+        return batch if self.val_batch is None else min(batch, self.val_batch)
+
+    def prepare_escalation(self, model: nn.Module, planned: bool) -> None:
+        """At set-up, while memory is free (no dry run may allocate in the retry): the model's stages and, for a run
+        with a layer plan (``planned``), the plan that keeps the least."""
+        e = self.escalation
+        e.stages = sorted(model_stages(model))
+        if e.least is None and planned:
+            with random_state_kept(Generators.TORCH):
+                e.least = deepest(model)
+
+    def hold_batch(self, batch: int, settings: PlanSettings, checkpoints: bool, loss: str | None) -> bool:
+        """In Ultralytics' first-epoch out-of-memory retry, which has just halved the batch to ``batch``: whether to
+        keep the batch the loaders were built at, because a plan that keeps less exists (a layer plan, or the loss
+        plan ``loss``); ``escalate`` installs it when the epoch restarts. Decided from the values alone: the failed
+        step still holds its memory, where no dry run may allocate. ``checkpoints``: the run has a plan (``auto``
+        may have chosen vanilla)."""
+        e = self.escalation
+        e.pending = (e.pipeline_batch is not None and batch < e.pipeline_batch and checkpoints and
+                     (not keeps_least(settings, e.least, e.stages) or loss is not None))
+        return e.pending
+
+    def escalate(self, model: nn.Module, device: torch.device, old: PlanSettings, shape: StepShape,
+                 loss: str | None) -> oom_retry.Escalated:
+        """Install the next plan after an out-of-memory error at ``shape`` with ``old`` (``oom_retry.escalate``)."""
+        self.escalation.pending = False
+        return oom_retry.escalate(model, device, old, shape, loss, self.escalation)
+
+    def replan_validation(self, model: nn.Module, device: torch.device, shape: StepShape, validation: Validation,
+                          step: int | None) -> str | None:
+        """After an escalation, the validator's batch for the device that ran out: Ultralytics validates at twice the
+        batch that escalation kept (the halving it replaced would have halved that too), and on a device nothing
+        planned for (no ``target``), or one that held less than it said, that validation can run out where training
+        fits (``benchmarks/gpu_check.py``'s escalation at 192 px). Planned as ``auto`` plans it, within the device's
+        usable memory (and the run's target, if any); ``step``: the escalated plan's measured step, if any. Returns
+        the line to log, ``None`` where no device bounds validation."""
+        dev = device_memory(device)
+        if dev is None:
+            return None
+        target = dev.tensor_bytes(dev.usable)
+        target = target if self.target is None else min(target, self.target)
+        held = batch_bytes(model, shape) + loop_bytes(model, shape)
+        with random_state_kept(Generators.TORCH):
+            try:
+                # an unmeasured step claims no peak: what validation measures plus ``held`` stays within ``target``
+                planned = plan_validation(model, validation, shape.batch, target, held,
+                                          target if step is None else step)
+            except CheckpointConfigError as e:  # training fits: validation at Ultralytics' batch is the user's
+                LOGGER.warning(f"{PREFIX} after escalation: {e}")
+                return None
+        if planned.batch is not None:
+            self.val_batch = planned.batch
+        return f"{PREFIX} after escalation: {planned.line}"
 
 
-def settings_of(trainer: Any) -> PlanSettings:
-    """The layer plan the trainer's args hold (``checkpoint_stages``, ``checkpoint_layers``, ``checkpoint_mode``; the
-    loss plan is the run's, installed apart)."""
-    return PlanSettings.from_keys(trainer.args).with_loss(None)
-
-
-def record_settings(trainer: Any) -> None:
-    """args.yaml holds the plan that trains, as last.pt does: resume restores it."""
-    if RANK in {-1, 0}:
-        YAML.save(trainer.save_dir / "args.yaml", vars(trainer.args))
-
-
-def loss_escalation(trainer: Any) -> str | None:
-    """The loss plan an out-of-memory error may escalate to once the layer plan keeps the least: ``exact`` where the
-    run's loss is Ultralytics' own and its task has exact regions (instance segmentation: bit for bit, so the run stays
-    vanilla's), else ``None``. ``chunked`` is never chosen by itself: it is not bitwise."""
-    if loss_checkpointing(unwrap_model(trainer.model)) is None and trainer.args.task in LOSS_TASKS["exact"]:
-        return "exact"
-    return None
-
-
-def planning_imgsz(trainer: Any) -> int:
-    """The largest image side the run trains at (``multi_scale`` included), a multiple of the stride."""
-    return math.ceil(trainer.args.imgsz * (1 + trainer.args.multi_scale) / trainer.stride) * trainer.stride
-
-
-def objects(trainer: Any) -> int:
-    """Labelled objects per image planning measures: the most in one training image x4 (mosaic), as Ultralytics'
-    AutoBatch counts them."""
-    labels = getattr(getattr(trainer.train_loader, "dataset", None), "labels", None) or []
-    counts = [len(x["cls"]) for x in labels if isinstance(x, dict) and "cls" in x]
-    return max(max(counts, default=0) * 4, 1)
-
-
-def step_shape(trainer: Any, per_image: int, batch: int = 1) -> StepShape:
-    """The step the run's memory decisions measure: ``batch`` images (per process) at the largest side it trains at
-    (``planning_imgsz``), ``per_image`` labelled objects in each, under the autocast dtype it trains with."""
-    return StepShape(planning_imgsz(trainer), batch, per_image,
-                     training_formats(trainer.args, trainer.device, trainer.amp)[0])
-
-
-def dataset_facts(trainer: Any) -> tuple[int, int]:
-    """The most labels in one image x4 (mosaic) and the number of training images, as Ultralytics'
-    ``DetectionTrainer.auto_batch`` gathers them."""
-    with override_configs(trainer.args, overrides={"cache": False}) as trainer.args:
-        dataset = trainer.build_dataset(trainer.data["train"], mode="train", batch=16)
-    labels = [x for x in getattr(dataset, "labels", []) if isinstance(x, dict) and "cls" in x]
-    return max((len(x["cls"]) for x in labels), default=0) * 4, len(dataset)
-
-
-def memory_target(trainer: Any) -> tuple[int, float, str]:
-    """``(budget bytes, share, what it is)`` of the run's memory decisions, in exact tensor bytes.
-
-    ``memory_budget`` when given (on CUDA its allocator bytes are turned into tensor bytes with the device's
-    ``ALLOCATOR_MARGIN``); otherwise the training device's usable memory — CUDA free plus what this process has
-    reserved, as Ultralytics' AutoBatch counts it, or the simulated device. The share is 0.6, or ``batch=0.x``.
-    """
-    fraction = trainer.batch_size if 0 < trainer.batch_size < 1 else 0.6
-    dev = trainer.planning.device or device_memory(trainer.device)
-    if trainer.args.memory_budget is not None:
-        budget = parse_memory(trainer.args.memory_budget)
-        if dev is not None and budget > dev.total:
-            LOGGER.warning(f"{PREFIX} memory_budget={trainer.args.memory_budget} is more than {dev.name} holds "
-                           f"({dev.total / 2**30:.2f} GB): planning for the budget from steps that fit the device")
-        source = f"memory_budget={trainer.args.memory_budget}"
-    else:
-        budget, source = dev.usable, f"{dev.name} usable memory"
-    return (dev.tensor_bytes(budget) if dev is not None else budget), fraction, source
-
-
-def smallest_device(trainer: Any) -> DeviceMemory | None:
-    """Under DDP, the device with the least usable memory of every rank's (each reads its own: another rank's GPU may
-    have less free than rank 0's), which rank 0 then plans the shared plan for; every rank must call it. The probes
-    still run on rank 0's device, within what it has free."""
-    known = [d for d in gather(device_memory(trainer.device)) if d is not None]
+def smallest_device(device: torch.device) -> DeviceMemory | None:
+    """Under DDP, the device with the least usable memory of every rank's (each reads its own ``device``: another
+    rank's GPU may have less free than rank 0's), which rank 0 then plans the shared plan for; every rank must call
+    it. The probes still run on rank 0's device, within what it has free."""
+    known = [d for d in gather(device_memory(device)) if d is not None]
     return min(known, key=lambda d: d.usable) if known else None

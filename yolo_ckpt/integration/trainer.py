@@ -40,14 +40,14 @@ from ..regions.graph import model_stages
 from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
 from ..regions.loss.install import check_loss_setting, disable_loss_checkpointing, enable_loss_checkpointing
 from ..regions.spec import CheckpointConfigError, word
-from ..report.summary import compare_with_vanilla
-from . import auto, oom_retry
-from .auto import choose_auto_plan
+from ..report.summary import PREFIX, compare_with_vanilla
+from . import memory_hooks
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
-from .epoch_memory import CALLBACKS, EpochPeak, close_epoch_memory, plot_memory
+from .epoch_memory import CALLBACKS, close_epoch_memory, plot_memory
+from .memory_hooks import choose_auto_plan, escalation_point
 from .offline import provide_fonts
-from .oom_retry import escalation_point
-from .run_memory import PREFIX, Planning, settings_of
+from .run_facts import settings_of
+from .run_memory import RunMemory
 from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_settings, is_auto, model_name, saved_settings
 
 
@@ -103,7 +103,7 @@ def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> NoReturn:
 def reported_by_workers(trainer: Any) -> str | None:
     """In the launching process of DDP: the line the workers reported (their files are removed), or ``None``.
 
-    Every rank stops with the line rank 0 decided (``auto.auto_plan`` broadcasts it), so all ranks report one
+    Every rank stops with the line rank 0 decided (``memory_hooks.auto_plan`` broadcasts it), so all ranks report one
     line; where they do not, the line says what each rank reported, and which reported nothing."""
     files = {r: Path(trainer.save_dir) / WORKER_ERROR.format(r) for r in range(max(trainer.world_size, 1))}
     lines = {r: f.read_text() for r, f in files.items() if f.is_file()}
@@ -127,10 +127,11 @@ class CheckpointMixin(DistributedMixin):
     - ``get_model``: the training model runs the plan's regions inside checkpoints.
     - ``get_validator``: validators rebuild their arguments with Ultralytics' key check, so they get ours removed.
     - ``save_model``: what is pickled is plain Ultralytics, and ``train_args`` hold only Ultralytics' keys.
-    - ``auto_batch``, ``_build_train_pipeline`` and callbacks: the run's memory decisions
-      (``yolo_ckpt.integration.auto``, ``oom_retry``): AutoBatch on the checkpointed model or for ``memory_budget`` on
-      any device, ``checkpoint_stages=auto``, and escalation to a plan that keeps less before Ultralytics'
-      out-of-memory retry halves the batch.
+    - ``auto_batch``, ``get_dataloader``, ``_build_train_pipeline`` and callbacks: the run's memory decisions
+      (``self.run_memory``, a ``RunMemory``, called with what ``yolo_ckpt.integration.memory_hooks`` reads off the
+      trainer): AutoBatch on the checkpointed model or for ``memory_budget`` on any device, ``checkpoint_stages=auto``,
+      the validator's batch, and escalation to a plan that keeps less before Ultralytics' out-of-memory retry halves
+      the batch.
     - ``get_dataset``: with ``YOLO_OFFLINE``, the plotting font Ultralytics' dataset check looks up is local
       (``yolo_ckpt.integration.offline``), also in DDP workers.
     - ``train``: on any exit, also a crash, the model (which ``YOLO.model`` shares) is plain again; a plan or batch
@@ -147,12 +148,7 @@ class CheckpointMixin(DistributedMixin):
     def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: dict | None = None):
         """Initialise like the Ultralytics trainer, with our keys' defaults added to ``cfg``."""
         super().__init__({**DEFAULT_CFG_DICT_CKPT, **cfg2dict(cfg or {})}, overrides, _callbacks)
-        self.epoch_memory: dict[str, float] = {}
-        self.memory_meter: EpochPeak | None = None
-        self.autobatch_without: int | str | None = None  # what AutoBatch chose for the same memory, unplanned
-        self.memory_target: int | None = None  # exact tensor bytes auto or AutoBatch planned to fit
-        self.val_batch: int | None = None  # the validator's batch where Ultralytics' own would not fit
-        self.planning = Planning()  # what escalation remembers across Ultralytics' retry
+        self.run_memory = RunMemory()  # the run's memory decisions and what they remember
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
                 ("on_pretrain_routine_end", choose_auto_plan),
                 ("on_pretrain_routine_end", skip_frozen_stages), ("on_train_end", compare_with_vanilla)]
@@ -307,21 +303,22 @@ class CheckpointMixin(DistributedMixin):
                 ema.args = linked
 
     def auto_batch(self) -> int:
-        """AutoBatch for the checkpointed model (``auto.auto_batch``), after dropping the frozen stages from the
+        """AutoBatch for the checkpointed model (``memory_hooks.auto_batch``), after dropping the frozen stages from the
         plan: Ultralytics froze layers before AutoBatch, so the plan that will train is measured. Our mixin comes first
         in the MRO, so this replaces the task trainer's ``auto_batch`` too."""
         skip_frozen_stages(self)
-        return auto.auto_batch(self)
+        return memory_hooks.auto_batch(self)
 
     def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train"):
-        """Ultralytics' loader; the validator's at most the batch planning measured to fit (``val_batch``)."""
-        if mode == "val" and self.val_batch is not None:
-            batch_size = min(batch_size, self.val_batch)
+        """Ultralytics' loader; the validator's at most the batch planning measured to fit
+        (``RunMemory.validator_batch``)."""
+        if mode == "val":
+            batch_size = self.run_memory.validator_batch(batch_size)
         return super().get_dataloader(dataset_path, batch_size, rank, mode)
 
     def _build_train_pipeline(self) -> None:
         """Build loaders and optimizer settings like Ultralytics; in its first-epoch out-of-memory retry, keep the
-        batch when a plan that keeps less exists (``oom_retry.hold_batch``; ``escalation_point`` installs it when
+        batch when a plan that keeps less exists (``memory_hooks.hold_batch``; ``escalation_point`` installs it when
         the epoch restarts).
 
         Private hook, checked against ``versions.ULTRALYTICS_CHECKED``: ``BaseTrainer._do_train`` halves ``batch`` on an
@@ -329,9 +326,9 @@ class CheckpointMixin(DistributedMixin):
         the loaders must be built at the batch that will train. Ultralytics' "Reducing to batch=..." warning is
         printed before this runs.
         """
-        oom_retry.hold_batch(self)
+        memory_hooks.hold_batch(self)
         super()._build_train_pipeline()
-        self.planning.pipeline_batch = self.batch_size
+        self.run_memory.escalation.pipeline_batch = self.batch_size
 
     def save_metrics(self, metrics: dict) -> None:
         """Write results.csv with this epoch's peak memory columns, and pass them to Ultralytics' loggers.
@@ -340,7 +337,8 @@ class CheckpointMixin(DistributedMixin):
         follows this call in every epoch.
         """
         def ours_last(d: dict) -> dict:  # an epoch without validation carries the last epoch's metrics, ours included
-            return {**{k: v for k, v in d.items() if k not in self.epoch_memory}, **self.epoch_memory}
+            epoch = self.run_memory.epoch
+            return {**{k: v for k, v in d.items() if k not in epoch}, **epoch}
 
         self.metrics = ours_last(self.metrics)
         super().save_metrics(ours_last(metrics))  # results.csv writes values in order under the first epoch's header

@@ -348,7 +348,7 @@ def validation_bytes(model: nn.Module, shape: StepShape, half: bool = False, lim
     (the final evaluation loads best.pt beside that state), the batch on the device and the exact peak of forward and
     loss. Not counted: non-maximum suppression of the predictions (a few boxes per image). Square ``shape.imgsz``
     images bound the validator's rectangular batches where it is their padded size
-    (``validation_batch.validation_imgsz``: Ultralytics pads them by half a stride, 192 px for ``imgsz=160``).
+    (``run_facts.validation_imgsz``: Ultralytics pads them by half a stride, 192 px for ``imgsz=160``).
 
     ``shape.amp`` is not read: the validator's precision is ``half``. ``limit`` (bytes, as ``step_bytes``): past it,
     ``device.LimitReached``.

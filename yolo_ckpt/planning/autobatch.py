@@ -67,6 +67,26 @@ def parse_memory(value: str | float | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+@dataclass(frozen=True)
+class MemoryTarget:
+    """What a run's memory decisions plan for.
+
+    Attributes:
+        budget (int): Exact tensor bytes: ``memory_budget``, or the device's usable memory.
+        fraction (float): The share of it a training step may use (0.6, or ``batch=0.x``).
+        source (str): What the budget is, for the log (``memory_budget=24GB``, ``cuda:0 usable memory``).
+    """
+
+    budget: int
+    fraction: float
+    source: str
+
+    @property
+    def share(self) -> int:
+        """The bytes a training step may use."""
+        return int(self.fraction * self.budget)
+
+
 def probe_room(model: nn.Module, target: int | None = None) -> ProbeRoom:
     """What a probe step on ``model`` (a planning copy, already on its device) may reach now: ``target`` step bytes
     (``None``: no share, the device alone bounds it), and what the device has free (``device.device_memory``) plus

@@ -148,7 +148,7 @@ def no_recompute(costs: Costs, batch: int, fixed: int) -> Candidate:
 
 def least_keeping(costs: Costs, batch: int = 1, fixed: int = 0) -> Candidate:
     """The layer plan predicted to keep the least at ``batch`` (a tie: the one that recomputes more), with the loss
-    the run has: where escalation's layer plans end (the loss comes after them, ``run_memory.loss_escalation``).
+    the run has: where escalation's layer plans end (the loss comes after them, ``run_facts.loss_escalation``).
     Nested plans and parts count: in yolo11n at 160 px it recomputes every stage with its block layers' parts
     nested inside, where plans take a mode per region."""
     return min(candidates(costs, batch, fixed, loss=False), key=lambda c: (c.predicted_bytes, -c.flops))

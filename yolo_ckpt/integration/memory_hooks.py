@@ -1,0 +1,220 @@
+"""The trainer's side of the run's memory decisions: at Ultralytics' hooks, read plain values off the trainer
+(``run_facts``), hand them to its ``RunMemory`` (``trainer.run_memory``), and apply what it decides: the batch, the
+plan in ``args`` and args.yaml, the validator's loader, the restart after an escalation.
+
+- ``auto_batch``: AutoBatch on the checkpointed model: Ultralytics' own on CUDA, for ``memory_budget`` or a simulated
+  device ``RunMemory.batch_for_budget``, with ``checkpoint_stages=auto`` the plan and the batch together;
+- ``choose_auto_plan`` (``on_pretrain_routine_end``): ``auto`` for a fixed batch, once the model is on its device,
+  frozen and batched;
+- ``hold_batch`` (before Ultralytics builds its loaders) and ``escalation_point`` (``on_train_epoch_start``): in
+  Ultralytics' first-epoch out-of-memory retry, a plan that keeps less before the batch halves.
+
+Under DDP rank 0 decides ``auto`` and every rank installs what it broadcasts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from ultralytics.engine.trainer import BaseTrainer
+from ultralytics.utils import LOCAL_RANK, LOGGER, RANK
+from ultralytics.utils.torch_utils import unwrap_model
+
+from ..memory.device import device_memory
+from ..memory.step import grad_bytes, planned_copy
+from ..planning.escalation import Snapshot
+from ..planning.random_state import Generators, random_state_kept
+from ..regions.install import checkpoint_mode, checkpoint_plan
+from ..regions.loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
+from ..regions.plan import CheckpointPlan
+from ..regions.settings import VANILLA
+from ..regions.spec import CheckpointConfigError
+from ..report.summary import PREFIX
+from .auto import AUTOBATCH
+from .distributed import from_rank0
+from .run_facts import (
+    dataset_facts,
+    loss_escalation,
+    memory_fraction,
+    objects,
+    record_settings,
+    settings_of,
+    step_shape,
+    validation_of,
+)
+from .run_memory import smallest_device
+from .settings import is_auto
+
+
+def auto_batch(trainer: Any) -> int:
+    """AutoBatch for the checkpointed model, and what the same memory gives without checkpointing
+    (``run_memory.batch_without``).
+
+    It gathers the same dataset facts as Ultralytics' ``DetectionTrainer.auto_batch``: the most labels in one image,
+    x4 for mosaic, and the number of training images. Both batches are measured on copies of the model. Without
+    ``memory_budget``, a CUDA device gets Ultralytics' own AutoBatch (on the checkpointed model) and a simulated
+    device is planned for its size; any other device keeps Ultralytics' default batch.
+    """
+    max_num_obj, dataset_size = dataset_facts(trainer)
+    simulated = trainer.device.type != "cuda" and device_memory(trainer.device) is not None
+    if trainer.args.memory_budget is None and trainer.device.type != "cuda" and not simulated:
+        LOGGER.info(f"{AUTOBATCH}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
+        return BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
+    if is_auto(trainer.args.checkpoint_stages):
+        return auto_plan(trainer, max(max_num_obj, 1), autobatch=True, dataset_size=dataset_size)
+    model, memory = trainer.model, trainer.run_memory
+    plain = unwrap_model(model)
+    described = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
+    if loss := loss_checkpointing(plain):  # measured with the plan: the copies carry it
+        described += f" + checkpoint_loss={loss}"
+    if trainer.args.memory_budget is not None or simulated:
+        with random_state_kept(Generators.TORCH):
+            target = memory.aim(trainer.device, trainer.args.memory_budget, memory_fraction(trainer))
+            return memory.batch_for_budget(plain, step_shape(trainer, max(max_num_obj, 1)), target, described,
+                                           dataset_size, validation_of(trainer))
+    try:
+        trainer.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
+        batch = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
+        with planned_copy(plain, VANILLA) as trainer.model:  # without: no layer plan, Ultralytics' loss
+            with random_state_kept(Generators.TORCH):  # Ultralytics' own AutoBatch draws once, as in vanilla
+                memory.batch_without = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
+    finally:
+        trainer.model = model
+    LOGGER.info(f"{AUTOBATCH}batch {batch} with {described} ({memory.batch_without} without)")
+    return batch
+
+
+def choose_auto_plan(trainer: Any) -> None:
+    """Resolve ``checkpoint_stages=auto`` for a fixed batch at ``on_pretrain_routine_end``: the model is on its device,
+    frozen and batched by then (AutoBatch resolves it earlier, in ``auto_batch``)."""
+    if is_auto(trainer.args.checkpoint_stages):
+        auto_plan(trainer, objects(trainer))
+
+
+def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size: int = 0) -> int:
+    """Resolve ``checkpoint_stages=auto`` on copies of the model: choose, record in ``args`` (and args.yaml),
+    install. With AutoBatch the batch is chosen too (at most the training images); returns the batch.
+
+    Under DDP rank 0 chooses, for its share of the batch as Ultralytics splits it, and every rank installs what it
+    broadcasts; "nothing fits" stops every rank with the same line, and any other error on rank 0 is broadcast before
+    rank 0 raises it, so that no rank waits in the broadcast until the collective times out.
+    """
+    model = unwrap_model(trainer.model)
+    decision, failure = None, None
+    if RANK != -1:
+        trainer.run_memory.device = smallest_device(trainer.device)
+    if RANK in {-1, 0}:
+        try:
+            with random_state_kept(Generators.TORCH):
+                decision = decide(trainer, model, objects, autobatch, dataset_size)
+        except CheckpointConfigError as e:
+            decision = {"error": str(e)}
+        except Exception as e:  # the other ranks wait in the broadcast: tell them, then raise it here
+            if RANK == -1:
+                raise
+            failure, decision = e, {"failed": f"{type(e).__name__}: {e}"}
+    if RANK != -1:  # the process group exists: Ultralytics set it up before _setup_train
+        decision = from_rank0(decision)
+    if failure is not None:
+        raise failure
+    if "failed" in decision:
+        raise RuntimeError(f"checkpoint_stages=auto: rank 0 failed while planning ({decision['failed']})")
+    if "error" in decision:
+        raise CheckpointConfigError(decision["error"])
+    written = trainer.args.checkpoint_loss
+    record_settings(trainer, decision["settings"])
+    trainer.run_memory.val_batch = decision["val_batch"]
+    validate_at_planned_batch(trainer)
+    settings_of(trainer).install(model)
+    if "checkpoint_loss" in decision["settings"]:  # auto weighed the loss: its choice replaces the run's, also on
+        # the EMA the validator computes its losses with (a fixed batch plans after Ultralytics made it)
+        for m in (model, getattr(getattr(trainer, "ema", None), "ema", None)):
+            if m is not None:
+                enable_loss_checkpointing(m, trainer.args.checkpoint_loss)
+        if written != trainer.args.checkpoint_loss:  # the log said what was written: say what trains
+            LOGGER.info(f"{PREFIX} auto: checkpoint_loss={trainer.args.checkpoint_loss} chosen (checkpoint_loss="
+                        f"{written} allowed it){'' if trainer.args.checkpoint_loss == 'chunked' else ': bit for bit'}")
+    for line in decision["lines"]:
+        LOGGER.info(line)
+    return decision["batch"]
+
+
+def decide(trainer: Any, model: nn.Module, objects: int, autobatch: bool, dataset_size: int) -> dict:
+    """Rank 0's part of ``auto_plan``: the trainer's values handed to ``RunMemory.choose_plan``, and its choice as
+    plain data (settings, batch, log lines, the validator's batch) for the broadcast."""
+    memory = trainer.run_memory
+    target = memory.aim(trainer.device, trainer.args.memory_budget, memory_fraction(trainer))
+    batch = 1 if autobatch else max(trainer.batch_size // max(trainer.world_size, 1), 1)  # AutoBatch chooses its own
+    choice = memory.choose_plan(model, step_shape(trainer, objects, batch), target, autobatch=autobatch,
+                                images=dataset_size, buckets=grad_bytes(model) if trainer.world_size > 1 else 0,
+                                loss_modes=auto_loss_modes(trainer.args.checkpoint_loss, trainer.args.task),
+                                device=trainer.device, validation=validation_of(trainer))
+    return {"settings": choice.settings.keys(), "batch": choice.batch, "lines": choice.lines,
+            "val_batch": memory.val_batch}
+
+
+def validate_at_planned_batch(trainer: Any) -> None:
+    """Give the validator the planned batch (``run_memory.val_batch``) where its loader exists already (``auto`` for
+    a fixed batch chooses once Ultralytics built the loaders); later loaders get it from ``get_dataloader``."""
+    loader, planned = getattr(trainer, "test_loader", None), trainer.run_memory.val_batch
+    if planned is None or loader is None or loader.batch_size <= planned:
+        return
+    with random_state_kept(Generators.PYTHON):
+        trainer.test_loader = trainer.get_dataloader(trainer.data[trainer.args.split], batch_size=planned,
+                                                     rank=LOCAL_RANK, mode="val")
+    if getattr(trainer, "validator", None) is not None:
+        trainer.validator.dataloader = trainer.test_loader
+
+
+def hold_batch(trainer: Any) -> None:
+    """Before the loaders are built: at set-up, what escalation needs found while memory is free; in Ultralytics'
+    first-epoch out-of-memory retry, which has just halved the batch, the batch put back when a plan that keeps less
+    exists (``RunMemory.hold_batch``; ``escalation_point`` installs it when the epoch restarts)."""
+    memory, model = trainer.run_memory, unwrap_model(trainer.model)
+    held = memory.escalation.pipeline_batch
+    if held is None:
+        memory.prepare_escalation(model, checkpoint_plan(model) is not None)
+        return
+    checkpoints = checkpoint_plan(model) is not None or memory.escalation.costs is not None  # auto chose vanilla?
+    if RANK == -1 and memory.hold_batch(trainer.batch_size, settings_of(trainer), checkpoints,
+                                        loss_escalation(trainer)):
+        trainer.args.batch = trainer.batch_size = held
+
+
+def escalation_point(trainer: Any) -> None:
+    """``on_train_epoch_start`` of the first epoch: remember where it starts; after an out-of-memory error that
+    ``hold_batch`` kept the batch for, move to the next plan and restart from that point.
+
+    Registered before the epoch memory meter starts, so the planning copies are not the epoch's peak.
+    """
+    state = trainer.run_memory.escalation
+    if trainer.epoch != trainer.start_epoch or RANK != -1:
+        return
+    model = unwrap_model(trainer.model)
+    if state.pending:
+        # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private, checked against
+        # ``versions.ULTRALYTICS_CHECKED``) and, being non-zero, it restarted the epoch (that decision is behind us
+        # now); give it back, so that the halvings left are vanilla's. Escalation ends: each plan keeps less than the
+        # last, and the one that keeps least halves.
+        trainer._oom_retries -= 1
+        escalate(trainer, model)
+        if state.snapshot is not None and trainer.ema.updates == state.snapshot.ema_updates:  # no optimizer step yet
+            state.snapshot.restore(model)
+        else:
+            LOGGER.info(f"{PREFIX} optimizer steps were taken before the error: training goes on from them, as "
+                        f"Ultralytics' own retry does")
+    elif state.snapshot is None and checkpoint_plan(model) is not None:
+        state.snapshot = Snapshot.take(model, trainer.ema.updates)
+
+
+def escalate(trainer: Any, model: nn.Module) -> None:
+    """Install the next plan (``RunMemory.escalate``), record it, say so, and plan validation again for it."""
+    memory = trainer.run_memory
+    shape = step_shape(trainer, objects(trainer), trainer.batch_size)
+    done = memory.escalate(model, trainer.device, settings_of(trainer), shape, loss_escalation(trainer))
+    record_settings(trainer, done.settings.keys())
+    LOGGER.warning(done.line)
+    if line := memory.replan_validation(model, trainer.device, shape, validation_of(trainer), done.measured):
+        validate_at_planned_batch(trainer)
+        LOGGER.info(line)
