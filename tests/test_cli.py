@@ -37,16 +37,53 @@ def test_parses_like_yolo():
         "mode": "train", "checkpoint_stages": "auto", "checkpoint_layers": "head"}
 
 
-def test_unknown_key_gives_the_yolo_error():
+def test_unknown_key_is_one_line_naming_the_closest_key_as_yolo_finds_it():
+    """A mistyped key stops ``train`` and ``profile`` with one line and exit 2 before any work; the key it suggests is
+    the one Ultralytics' own ``yolo train`` names first for the same typo (for a key ``yolo`` knows)."""
     ours = run(sys.executable, "-m", "yolo_ckpt", "train", "imgsz=64", "epochz=3")
     theirs = run(YOLO_BIN, "train", "imgsz=64", "epochz=3")
-    assert ours.returncode != 0 and theirs.returncode != 0
-    assert last_line(ours.stderr) == last_line(theirs.stderr)
-    assert "'epochz' is not a valid YOLO argument" in ours.stderr
-    typo = run(sys.executable, "-m", "yolo_ckpt", "train", "chekpoint_stages=1")
-    assert "Similar arguments are i.e. ['checkpoint_stages'," in last_line(typo.stderr)  # the closest first
-    typo = run(sys.executable, "-m", "yolo_ckpt", "train", "checkpoint_mod=full")
-    assert "Similar arguments are i.e. ['checkpoint_mode=full'" in last_line(typo.stderr)
+    assert ours.returncode == 2 and theirs.returncode != 0
+    assert "Similar arguments are i.e. ['epochs=" in last_line(theirs.stderr)  # Ultralytics' closest: epochs
+    assert (ours.stdout + ours.stderr).strip() == ("yolo-ckpt: error: 'epochz' is not a valid argument. Did you mean "
+                                                   "epochs? (`yolo-ckpt help` lists every key)")
+    for args, closest in ((["train", "checkpoint_stage=[2,3]"], "checkpoint_stages"),
+                          (["train", "chekpoint_stages=1"], "checkpoint_stages"),
+                          (["profile", "checkpoint_mod=full"], "checkpoint_mode")):
+        typo = run(sys.executable, "-m", "yolo_ckpt", *args)
+        lines = (typo.stdout + typo.stderr).strip().splitlines()
+        assert typo.returncode == 2 and len(lines) == 1 and f"Did you mean {closest}?" in lines[0], lines
+    unreadable = run(sys.executable, "-m", "yolo_ckpt", "train", "imgsz=")
+    assert unreadable.returncode == 2 and len((unreadable.stdout + unreadable.stderr).strip().splitlines()) == 1
+
+
+def test_a_deprecated_ultralytics_key_is_renamed_as_yolo_renames_it():
+    """``boxes`` (Ultralytics' old name of ``show_boxes``) passes the key check with Ultralytics' warning, as in
+    ``yolo``; the parsed overrides hold the new name."""
+    assert parse_train_args(["train", "boxes=False"]) == {"mode": "train", "show_boxes": False}
+
+
+def test_checks_says_whether_torch_and_torchvision_agree_then_runs_yolo_checks():
+    """``yolo-ckpt checks``: our lines (the supported range, torch with torchvision through one real NMS call), then
+    Ultralytics' own ``yolo checks``, whose package table follows."""
+    rc, text = as_user(["checks"])
+    assert rc == 0 and "torch + torchvision ✅ work together" in text and "(yolo-ckpt supports >=" in text
+    assert text.index("torch + torchvision ✅") < text.index("Setup complete ✅")  # ours, then Ultralytics' own
+
+
+def test_a_broken_torch_torchvision_pair_is_one_line_before_any_work(monkeypatch):
+    """torchvision's operators missing (a torchvision built for another torch): the settings check stops with one
+    line naming the pair, before any model is built (``torchvision.ops.nms`` made to fail as it does then)."""
+    import torchvision
+
+    from yolo_ckpt.integration.settings import check_settings
+
+    def missing(*args, **kwargs):
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    monkeypatch.setattr(torchvision.ops, "nms", missing)
+    with pytest.raises(CheckpointConfigError, match=r"^torch \S+ and torchvision \S+ do not work together "
+                                                    r"\(operator torchvision::nms does not exist\)\. Valid: "):
+        check_settings("yolo11n.yaml", {"checkpoint_stages": [2, 3]})
 
 
 def as_user(args: list[str]) -> tuple[int, str]:

@@ -99,9 +99,12 @@ COMMANDS = {
     "yolo-ckpt train model=rtdetr-l.yaml data=coco.yaml checkpoint_stages=all checkpoint_layers=head":
         ("checked", "COCO"),
     "yolo-ckpt train": ("ci", "$main_job epochs=1"),  # the demo, as README's main job runs it with our keys
-    "python -m yolo_ckpt train ...": ("test", "tests/test_cli.py::test_unknown_key_gives_the_yolo_error"),
+    "python -m yolo_ckpt train ...":
+        ("test", "tests/test_cli.py::test_unknown_key_is_one_line_naming_the_closest_key_as_yolo_finds_it"),
     "yolo-ckpt help": ("test", "tests/test_cli.py::test_help_lists_our_keys_and_profile_then_ultralytics_help"),
     "yolo-ckpt version": ("test", "tests/test_cli.py::test_version_prints_ours_and_ultralytics"),
+    "yolo-ckpt checks":
+        ("test", "tests/test_cli.py::test_checks_says_whether_torch_and_torchvision_agree_then_runs_yolo_checks"),
     # the error lines quoted, each with the command that prints it
     "yolo-ckpt: error: checkpoint_stages=7: yolo11n.yaml has no stage 7. Valid: a list of distinct stage numbers "
     "from {1, 2, 3, 4, 5}, a single stage, 'all', 'auto' (with memory_budget or CUDA), or [] for off.":

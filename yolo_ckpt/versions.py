@@ -12,7 +12,7 @@ Where yolo-ckpt touches Ultralytics' private code, one module of ours for each; 
 - the first-epoch out-of-memory retry of ``BaseTrainer._do_train``, joined where it rebuilds the loaders:
   ``BaseTrainer._build_train_pipeline`` (overridden) -> ``yolo_ckpt/integration/trainer.py``
 - that retry's count, one retry given back after an escalation: ``BaseTrainer._oom_retries``
-  -> ``yolo_ckpt/integration/oom_retry.py``
+  -> ``yolo_ckpt/integration/memory_hooks.py``
 - the errors that retry counts as out of memory (``CUDA_MEMORY_ERRORS``) -> ``yolo_ckpt/memory/device.py``
 - the mask loss loop, re-implemented: ``v8SegmentationLoss.calculate_segmentation_loss``
   -> ``yolo_ckpt/regions/loss/segmentation.py``
@@ -36,6 +36,8 @@ Public behaviour that a module reproduces and says it does "as Ultralytics" (``d
 dataset facts, the validator's batch and padding, the model class a name picks) was read in the same release.
 """
 
+import sys
+
 import ultralytics
 from ultralytics.utils.checks import check_version
 
@@ -57,6 +59,26 @@ def check_ultralytics(version: str = ultralytics.__version__) -> None:
     if not check_version(version, ULTRALYTICS_RANGE):
         raise ImportError(f"yolo-ckpt supports ultralytics{ULTRALYTICS_RANGE}, not {version}: "
                           f"pip install 'ultralytics{ULTRALYTICS_RANGE}'")
+
+
+def torchvision_error() -> str | None:
+    """Why torch and torchvision do not work together, in one line, or ``None`` when they do.
+
+    A torchvision built for another torch imports, but its compiled operators are missing, and Ultralytics' NMS then
+    ends a run in its first validation (``RuntimeError: operator torchvision::nms does not exist``); one call of
+    ``torchvision.ops.nms`` on two boxes finds it before any work.
+    """
+    import torch
+    try:
+        import torchvision
+
+        torchvision.ops.nms(torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]), torch.tensor([1.0, 0.5]), 0.5)
+    except (ImportError, RuntimeError) as e:
+        version = getattr(sys.modules.get("torchvision"), "__version__", "not importable")
+        return (f"torch {torch.__version__} and torchvision {version} do not work together "
+                f"({str(e).splitlines()[0]}). Valid: the torchvision release built for this torch "
+                f"(pip install torch torchvision from one index, e.g. torch==2.14.1 with torchvision==0.29.1).")
+    return None
 
 
 check_ultralytics()

@@ -34,13 +34,13 @@ import ultralytics
 from ultralytics.cfg import (
     MODES,
     TASKS,
-    check_dict_alignment,
     entrypoint,
     get_save_dir,
     merge_equals_args,
     parse_key_value_pair,
 )
 from ultralytics.utils import DEFAULT_CFG_DICT, LOGGER, RANK, YAML, checks, colorstr
+from ultralytics.utils.checks import check_version
 from ultralytics.utils.torch_utils import select_device
 
 from ..data.resources import data_file
@@ -57,9 +57,9 @@ from ..regions.spec import CheckpointConfigError, word
 from ..report.profiler import compare_plans, profile_stages, standard_plans, write_profile
 from ..report.summary import training_formats
 from ..report.tradeoff import tradeoffs
-from ..versions import __version__
+from ..versions import ULTRALYTICS_CHECKED, ULTRALYTICS_RANGE, __version__, torchvision_error
 from .offline import provide_fonts
-from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_settings, check_task, is_auto
+from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_keys, check_settings, check_task, is_auto
 from .trainer import RTDETR, YOLO
 
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
@@ -109,6 +109,8 @@ def help_text() -> str:
         "    yolo-ckpt profile model=yolo11n.yaml imgsz=640 batch=4 [memory_budget=24GB]",
         "                                                         measure one training step per checkpoint plan",
         "    yolo-ckpt version                                    yolo-ckpt, Ultralytics and torch versions",
+        "    yolo-ckpt checks                                     versions, whether torch and torchvision agree,",
+        "                                                         then Ultralytics' `yolo checks`",
         "    yolo-ckpt val|predict|export|... ARGS                `yolo` unchanged",
         "",
         "yolo-ckpt keys (train and profile; defaults from cfg/default.yaml; word values such as all, auto, head,",
@@ -127,6 +129,18 @@ def versions() -> str:
     return f"yolo-ckpt {__version__}\nultralytics {ultralytics.__version__}\ntorch {torch.__version__}"
 
 
+def environment_checks() -> str:
+    """``yolo-ckpt checks``' own lines: the Ultralytics range yolo-ckpt supports and whether this one is in it, and
+    whether torch and torchvision work together."""
+    inside = check_version(ultralytics.__version__, ULTRALYTICS_RANGE)
+    mark = "✅" if inside else "❌"
+    lines = [f"ultralytics {ultralytics.__version__} {mark} (yolo-ckpt supports {ULTRALYTICS_RANGE}, read against "
+             f"{ULTRALYTICS_CHECKED})"]
+    error = torchvision_error()
+    lines.append(f"torch + torchvision {'❌ ' + error if error else '✅ work together (torchvision.ops.nms runs)'}")
+    return "\n".join(lines)
+
+
 def parse_train_args(args: list[str]) -> dict:
     """Turn ``train`` tokens into overrides the way ``yolo`` does, accepting our keys too.
 
@@ -137,7 +151,7 @@ def parse_train_args(args: list[str]) -> dict:
         (dict): Overrides for ``Model.train``, ``task`` included when given.
 
     Raises:
-        SyntaxError: For unknown keys, as ``yolo`` raises.
+        CheckpointConfigError: For an unknown key or an unreadable token, one line naming the closest valid key.
     """
     full = {**DEFAULT_CFG_DICT_CKPT, **dict.fromkeys((*TASKS, *MODES))}
     overrides: dict = {}
@@ -147,7 +161,8 @@ def parse_train_args(args: list[str]) -> dict:
             try:
                 k, v = parse_key_value_pair(a)
             except (NameError, SyntaxError, ValueError, AssertionError) as e:
-                check_dict_alignment(full, {a: ""}, e)
+                raise CheckpointConfigError(f"'{a}' is not a valid argument: {str(e) or type(e).__name__}. Valid: "
+                                            f"key=value, e.g. imgsz=1280 checkpoint_stages=[2,3]") from None
             if k == "cfg" and v is not None:  # a custom default.yaml, as in `yolo cfg=custom.yaml`
                 if not Path(v).exists() and Path(v).parent.name in {"", "cfg"}:  # our recipes, also from a wheel
                     with contextlib.suppress(FileNotFoundError):
@@ -162,8 +177,8 @@ def parse_train_args(args: list[str]) -> dict:
         elif isinstance(DEFAULT_CFG_DICT_CKPT.get(a), bool):
             overrides[a] = True  # bare boolean flags, as `yolo train plots`
         else:
-            check_dict_alignment(full, {a: ""})
-    check_dict_alignment(full, overrides)
+            check_keys({a: ""}, full)
+    check_keys(overrides, full)
     return overrides
 
 
@@ -245,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if special == "help":
         LOGGER.info(help_text())
+    if args[:1] == ["checks"]:  # ours first, then Ultralytics' own `yolo checks`
+        LOGGER.info(f"{versions()}\n{environment_checks()}\n")
     if special or "train" not in args and args[:1] != ["profile"]:
         sys.argv[:] = ["yolo", *args]  # in place: Ultralytics' entrypoint reads its ARGV alias of sys.argv
         entrypoint()

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 import torch
 import ultralytics.nn.modules as modules
 import ultralytics.nn.modules.head as heads
-from ultralytics.cfg import DEFAULT_CFG_DICT
+from ultralytics.cfg import DEFAULT_CFG_DICT, check_dict_alignment
 from ultralytics.nn.tasks import guess_model_task, yaml_model_load
-from ultralytics.utils import YAML
+from ultralytics.utils import LOGGER, YAML
 
 from ..data.resources import data_file
 from ..memory.device import parse_device
@@ -21,6 +25,7 @@ from ..regions.loss.install import check_loss_setting
 from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
 from ..regions.spec import CheckpointConfigError, word
+from ..versions import torchvision_error
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
@@ -38,6 +43,8 @@ def check_settings(model: Any, args: dict) -> None:
         CheckpointConfigError: For a model family yolo-ckpt cannot train, invalid stages of this model, an unknown
             mode or an unreadable memory budget.
     """
+    if error := torchvision_error():  # else the first validation ends the run in torchvision's NMS
+        raise CheckpointConfigError(error)
     if model is not None:
         check_supported(model)
     for key in ("memory_budget", "simulate_gpu"):
@@ -148,3 +155,46 @@ def saved_settings(ckpt: dict) -> dict[str, Any]:
 def is_auto(stages: Any) -> bool:
     """Whether ``checkpoint_stages`` asks for the plan to be chosen (``auto``)."""
     return word(stages) == "auto"
+
+
+EXTRA_KEYS = {"augmentations", "save_dir"}  # what Ultralytics' check_dict_alignment allows beside its defaults
+
+
+def check_keys(custom: dict, valid: dict) -> None:
+    """Reject keys that neither ``yolo train`` nor yolo-ckpt has, in one line naming the closest valid key.
+
+    Ultralytics' deprecated keys are renamed in ``custom`` (in place, with its warning) as ``yolo`` renames them,
+    by its own ``check_dict_alignment``; its help, which it prints before its error, is left out.
+
+    Raises:
+        CheckpointConfigError: Naming each unknown key and the valid keys closest to it.
+    """
+    if not any(k not in valid and k not in EXTRA_KEYS for k in custom):
+        check_dict_alignment(valid, custom)  # deprecated keys, if any, renamed in place
+        return
+    try:
+        with _without_info(LOGGER):
+            check_dict_alignment(valid, custom)
+    except SyntaxError:
+        unknown = [k for k in custom if k not in valid and k not in EXTRA_KEYS]
+        raise CheckpointConfigError("; ".join(_unknown_key(k, valid) for k in unknown)) from None
+
+
+def _unknown_key(key: str, valid: dict) -> str:
+    """One unknown key, and the valid keys closest to it."""
+    close = get_close_matches(key, valid, n=1)
+    hint = f"Did you mean {close[0]}?" if close else "Valid: the keys of `yolo train` and yolo-ckpt's."
+    return f"'{key}' is not a valid argument. {hint} (`yolo-ckpt help` lists every key)"
+
+
+@contextmanager
+def _without_info(logger: logging.Logger) -> Iterator[None]:
+    """Drop ``logger``'s info records for the duration (Ultralytics' help text); warnings pass."""
+    def no_info(record: logging.LogRecord) -> bool:
+        return record.levelno != logging.INFO
+
+    logger.addFilter(no_info)
+    try:
+        yield
+    finally:
+        logger.removeFilter(no_info)
