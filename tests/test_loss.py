@@ -319,7 +319,7 @@ def test_a_built_semantic_criterion_is_shadowed_and_restored(monkeypatch):
     model.criterion = model.init_criterion()
     assert "criterion" in model._modules and "criterion" not in vars(model)  # where nn.Module keeps it
     enable_loss_checkpointing(model, "chunked")
-    model.loss(batch)  # with grad: without, nothing is kept for backward and Ultralytics' loss runs
+    model.loss(batch)
     assert blocks and model.criterion.checkpoint_loss == "chunked"
     disable_loss_checkpointing(model)
     assert "forward" not in vars(model.criterion) and not hasattr(model.criterion, "checkpoint_loss")
@@ -438,7 +438,7 @@ def test_auto_may_choose_no_loss_plan_where_chunked_was_allowed(tmp_path, counte
 
 def test_chunked_depth_trains_and_saves_plain_ultralytics(tmp_path, small_data, monkeypatch):
     """yolo26n-depth trained with ``checkpoint_loss=chunked`` through Ultralytics' trainer (the criterion a wrapper:
-    its EMA copy, validation and saving): its steps ran the depth loss in blocks, validation Ultralytics' own,
+    its EMA copy, validation and saving): its training steps and its validation ran the depth loss in blocks,
     args.yaml records the loss plan, and best.pt loads in plain Ultralytics with safe loading, yolo_ckpt
     unimportable, without a criterion."""
     import os
@@ -456,7 +456,7 @@ def test_chunked_depth_trains_and_saves_plain_ultralytics(tmp_path, small_data, 
     m.train(data=small_data("depth"), project=str(tmp_path), name="r", checkpoint_loss="chunked",
             **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64})
     run = m.trainer.save_dir
-    assert calls and all(calls)  # training steps only: validation runs without gradients, Ultralytics' loss
+    assert True in calls and False in calls  # training's blocks, and validation's (without gradients)
     assert yaml.safe_load((run / "args.yaml").read_text())["checkpoint_loss"] == "chunked"
     code = f"""
 import sys
@@ -468,3 +468,104 @@ print("OK", m.task, type(getattr(m.model, "criterion", None)).__name__)
     env = {**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and "OK depth NoneType" in out.stdout, out.stderr[-2000:]
+
+
+def _items(items) -> torch.Tensor:
+    """Loss items as one tensor (a dict of them, or a tensor already)."""
+    return torch.stack([torch.as_tensor(v).float() for v in items.values()]) if isinstance(items, dict) else items
+
+
+VALIDATION_PLANS = [("yolo11n-seg.yaml", "exact"), ("yolo26n-seg.yaml", "exact"), ("yolo11n-seg.yaml", "chunked"),
+                    ("yolo11n.yaml", "chunked"), ("yolo11n-pose.yaml", "chunked"), ("yolo11n-obb.yaml", "chunked"),
+                    ("yolo26n-sem.yaml", "chunked"), ("yolo26n-depth.yaml", "chunked")]
+
+
+@pytest.mark.parametrize("name,how", VALIDATION_PLANS)
+def test_the_validators_loss_under_the_loss_plan_is_ultralytics(name, how, monkeypatch):
+    """What Ultralytics' validator computes in training, on the EMA in eval mode without gradients
+    (``model.loss(batch, preds)``), under each task's loss plan: ``exact`` bit for bit, ``chunked`` within 1e-5
+    relative (the bound of ``test_chunked_is_equal_up_to_float_rounding``). The plan ran without gradients, in its
+    pieces (counted, chunks made small): several mask, pixel or depth regions, and the assignment image by image."""
+    regions, sizes = [], []
+
+    def counting(fn):
+        def run(*args, **kwargs):
+            regions.append(torch.is_grad_enabled())
+            return fn(*args, **kwargs)
+        return run
+
+    assign = TaskAlignedAssigner._forward
+
+    def assigned(self, pd_scores, *args, **kwargs):
+        sizes.append(pd_scores.shape[0])
+        return assign(self, pd_scores, *args, **kwargs)
+
+    for module in (segmentation, semantic, depth):
+        monkeypatch.setattr(module, "checkpoint_region", counting(module.checkpoint_region))
+    monkeypatch.setattr(TaskAlignedAssigner, "_forward", assigned)
+    monkeypatch.setattr(segmentation, "CHUNK_ROWS_PIXELS", 32 * 64 * 64)
+    monkeypatch.setattr(semantic, "CHUNK_PIXELS", 64 * 256)
+    monkeypatch.setattr(depth, "CHUNK_DEPTH_PIXELS", 64 * 256)
+    torch.manual_seed(0)
+    model = build_model(name).eval()
+    batch = training_batch(model, StepShape(256, 2, 20))
+
+    def validation_loss(plan: str) -> torch.Tensor:
+        m = copy.deepcopy(model)
+        enable_loss_checkpointing(m, plan)
+        with torch.no_grad():
+            items = _items(m.loss(batch, m(batch["img"]))[1])
+        disable_loss_checkpointing(m)
+        return items
+
+    vanilla = validation_loss("none")
+    assert not regions and set(sizes) <= {2}  # Ultralytics' own: the whole batch assigned at once
+    sizes.clear()
+    ours = validation_loss(how)
+    assert not any(regions)  # without gradients, as the validator runs
+    criteria = 2 if name.startswith("yolo26") else 1  # YOLO26: the one-to-many and the one-to-one loss
+    if "-sem" in name or "-depth" in name or "-seg" in name:  # exact: one region per image, chunked: several
+        assert len(regions) == 2 * criteria if how == "exact" else len(regions) > 2 * criteria, regions
+    if how == "chunked" and "-sem" not in name and "-depth" not in name:
+        assert sizes and set(sizes) == {1}, sizes  # the assignment image by image
+    if how == "exact":
+        assert torch.equal(ours, vanilla), (ours, vanilla)
+    else:
+        torch.testing.assert_close(ours, vanilla, rtol=1e-5, atol=0)
+
+
+def test_every_epochs_validation_computes_its_loss_under_the_run_plan(tmp_path, small_data, monkeypatch):
+    """Ultralytics' validator computes its losses on the EMA, which each checkpoint save strips of the plan: every
+    epoch's validation (not only the first, before any save) runs the run's loss plan, its mask regions counted
+    without gradients, and the run, validation losses included, is vanilla's bit for bit under ``exact``."""
+    regions, per_epoch = [], []
+    region = segmentation.checkpoint_region
+
+    def counting(*args, **kwargs):
+        regions.append(torch.is_grad_enabled())
+        return region(*args, **kwargs)
+
+    monkeypatch.setattr(segmentation, "checkpoint_region", counting)
+    data = small_data("segment")
+    vanilla = train_run("yolo11n-seg.yaml", data, tmp_path, "vanilla", epochs=2, imgsz=160)
+    assert not regions
+
+    from yolo_ckpt import SegmentationTrainer
+
+    class Counting(SegmentationTrainer):
+        def validate(self):
+            before = regions.count(False)
+            try:
+                return super().validate()
+            finally:
+                per_epoch.append(regions.count(False) - before)
+
+    from support import add_counting
+
+    m = ultralytics.YOLO("yolo11n-seg.yaml")
+    add_counting(m)
+    m.train(trainer=Counting, data=data, project=str(tmp_path), name="ckpt", checkpoint_loss="exact",
+            **{**TRAIN_ARGS, "epochs": 2, "imgsz": 160, "save_period": 1})
+    ckpt = m.trainer.save_dir
+    assert len(per_epoch) == 2 and all(n > 0 for n in per_epoch), per_epoch  # each epoch's validation: the plan
+    assert_same_run(vanilla, ckpt)

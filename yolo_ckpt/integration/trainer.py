@@ -38,7 +38,12 @@ from ..memory.device import SimulatedDevice
 from ..planning.autobatch import parse_memory
 from ..regions.graph import model_stages
 from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
-from ..regions.loss.install import check_loss_setting, disable_loss_checkpointing, enable_loss_checkpointing
+from ..regions.loss.install import (
+    check_loss_setting,
+    disable_loss_checkpointing,
+    enable_loss_checkpointing,
+    loss_checkpointing,
+)
 from ..regions.spec import CheckpointConfigError, word
 from ..report.summary import PREFIX, compare_with_vanilla
 from . import memory_hooks
@@ -285,10 +290,11 @@ class CheckpointMixin(DistributedMixin):
         The pickled EMA is plain (an EMA deep-copied from the training model carries the plan); ``train_args``, which
         ``yolo train resume`` validates against Ultralytics' keys, hold none of ours; our settings are recorded in the
         saved model's own ``args`` (where Ultralytics records the run's arguments too) for ``yolo-ckpt train resume``.
+        Once saved, the EMA gets the run's loss plan back: the validator computes its losses on it, every epoch.
         """
         ema = self.ema.ema
         disable_checkpointing(ema)
-        disable_loss_checkpointing(ema)  # its validation then builds Ultralytics' own criterion (no grad: the same)
+        disable_loss_checkpointing(ema)
         linked = getattr(ema, "args", None)  # the trainer's args object itself (detect tasks), or none (classify)
         ours = {**{k: getattr(self.args, k) for k in CKPT_CFG_DICT}, **launch_record(self)}  # + world size, resume
         base = {} if linked is None else linked if isinstance(linked, dict) else vars(linked)
@@ -301,6 +307,8 @@ class CheckpointMixin(DistributedMixin):
                 del ema.args
             else:
                 ema.args = linked
+            # the validator computes its losses on the EMA: under the run's loss plan, as training computes them
+            enable_loss_checkpointing(ema, loss_checkpointing(unwrap_model(self.model)) or "none")
 
     def auto_batch(self) -> int:
         """AutoBatch for the checkpointed model (``memory_hooks.auto_batch``), after dropping the frozen stages from the

@@ -203,6 +203,8 @@ def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.M
     Returns:
         Whatever ``fn`` returns, bit-identical to calling it directly.
     """
+    if not torch.is_grad_enabled():  # nothing is kept for a backward that will not come: nothing to recompute
+        return fn(*args)
     if torch.compiler.is_compiling():  # BatchNorm is functionalized: the graph writes its buffers once
         if mode == "full":
             return checkpoint(fn, *args, use_reentrant=False)

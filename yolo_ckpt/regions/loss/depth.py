@@ -80,14 +80,14 @@ def _depth_block(pred: torch.Tensor, gt: torch.Tensor, levels: list[tuple], i: i
 
 def _depth_loss(criterion: Any, preds: Any, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``DepthLoss26.__call__`` computed block by block (``_depth_block``, each block a region); Ultralytics'
-    own where it returns early, without gradients (validation), or where the rows do not split at the coarsest
-    scale."""
+    own where it returns early or where the rows do not split at the coarsest scale; without gradients (the
+    validator's loss) in the same blocks, simply run."""
     pred = preds["depth"] if isinstance(preds, dict) else preds
     gt = batch["depth"].to(criterion.device)
     gt = gt.unsqueeze(1) if gt.ndim == 3 else gt
     valid = gt > 0.001
     big_h, big_w = gt.shape[-2:]
-    levels = _depth_pyramid(criterion, gt, valid) if torch.is_grad_enabled() and valid.sum() >= 10 else []
+    levels = _depth_pyramid(criterion, gt, valid) if valid.sum() >= 10 else []
     align = 2 ** (len(levels) - 1)
     if not levels or big_h % align:
         return type(criterion).__call__(criterion, preds, batch)

@@ -37,10 +37,8 @@ def _segmentation_loss(criterion: Any, how: str, fg_mask: torch.Tensor, masks: t
                        target_bboxes: torch.Tensor, batch_idx: torch.Tensor, proto: torch.Tensor,
                        pred_masks: torch.Tensor, imgsz: torch.Tensor) -> torch.Tensor:
     """``v8SegmentationLoss.calculate_segmentation_loss`` with each image's mask loss one region
-    (``exact``), or one region per chunk of its foreground rows (``chunked``)."""
-    if not torch.is_grad_enabled():  # validation: nothing is kept for backward
-        return type(criterion).calculate_segmentation_loss(criterion, fg_mask, masks, target_gt_idx, target_bboxes,
-                                                           batch_idx, proto, pred_masks, imgsz)
+    (``exact``), or one region per chunk of its foreground rows (``chunked``). Without gradients (the validator's
+    loss) the regions are simply run: the same pieces, so validation is bounded as training is."""
     from ultralytics.utils.ops import xyxy2xywh
 
     _, _, mask_h, mask_w = proto.shape

@@ -74,7 +74,7 @@ def _semantic_loss(criterion: Any, preds: Any, batch: dict) -> tuple[torch.Tenso
     if isinstance(preds, tuple):
         main, aux = preds
     masks = batch["semantic_mask"].to(main.device)
-    sums = _blocked(criterion, main, masks) if torch.is_grad_enabled() else None
+    sums = _blocked(criterion, main, masks)  # also without gradients: the validator's loss, bounded the same
     if sums is None:
         return cls.forward(criterion, preds, batch)
     flat = masks.reshape(-1)
