@@ -24,7 +24,7 @@ from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
 
 from yolo_ckpt import CheckpointConfigError, CheckpointPlan, DetectionTrainer
 from yolo_ckpt.integration.epoch_memory import CALLBACKS
-from yolo_ckpt.integration.trainer import WORKER_ERROR, reported_by_workers
+from yolo_ckpt.integration.run_dir import WORKER_ERROR, reported_by_workers
 from yolo_ckpt.memory.step import grad_bytes
 
 from support import (

@@ -186,8 +186,29 @@ YOLO("yolo11n.yaml").train(data=r"{detect_data}", project=r"{tmp_path}", name="t
     for column in ("mem/peak_tensor_GB", "lr/pg0"):
         logged = {e.step: e.value for e in events.Scalars(column)}
         csv = {int(r["epoch"]): float(r[column]) for r in rows}
-        assert set(logged) == set(csv) == {1, 2, 3}, column
+        assert set(csv) == {1, 2, 3} and set(logged) - set(csv) <= {4}, column
         assert all(logged[e] == pytest.approx(csv[e], rel=1e-5) and csv[e] > 0 for e in csv), (column, logged, csv)
+    # the final evaluation's metrics (step 4) carry the last epoch's peak and the evaluation's own
+    final = {e.step: e.value for e in events.Scalars("mem/peak_tensor_GB")}[4]
+    assert final == pytest.approx(float(rows[-1]["mem/peak_tensor_GB"]), rel=1e-5) and final > 0
+    assert {e.step for e in events.Scalars("mem/val_peak_tensor_GB")} == {3, 4}  # epochs 1-2 not validated: NaN
+
+
+def test_a_users_callback_reads_this_epochs_memory(detect_data, tmp_path):
+    """Our callbacks run ahead of a user's of the same event: a user's ``on_train_epoch_end`` reads this epoch's peak
+    in ``trainer.metrics`` (the value results.csv then holds for that epoch) at every epoch, and every
+    ``on_fit_epoch_end``, the final evaluation's included, carries the epoch's and the validation's peaks."""
+    seen, fit = [], []
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_train_epoch_end", lambda t: seen.append(t.metrics.get("mem/peak_tensor_GB")))
+    model.add_callback("on_fit_epoch_end", lambda t: fit.append(dict(t.metrics)))
+    model.train(data=detect_data, project=str(tmp_path), checkpoint_stages=[2, 3],
+                **{**TRAIN_ARGS, "epochs": 2, "imgsz": 64})
+    rows = results(model.trainer.save_dir)
+    assert len(seen) == len(rows) == 2 and all(x is not None for x in seen), seen
+    assert seen == pytest.approx([float(r["mem/peak_tensor_GB"]) for r in rows], rel=1e-4)
+    assert len(fit) == 3  # two epochs, then the final evaluation
+    assert all(f["mem/peak_tensor_GB"] > 0 and f["mem/val_peak_tensor_GB"] > 0 for f in fit), fit
 
 
 @needs_cuda

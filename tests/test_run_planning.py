@@ -3,6 +3,7 @@
 included, and a probe that runs out narrows the batch instead of collapsing it."""
 
 import pytest
+import torch
 from ultralytics.utils.torch_utils import unwrap_model
 
 from yolo_ckpt import YOLO
@@ -116,3 +117,96 @@ def test_the_validation_size_planned_is_the_validators_largest_image(cfg, task, 
     with pytest.raises(_LoadersBuilt):
         model.train(data=str(synthetic_dataset(task)), task=task, project=str(tmp_path), **ARGS)
     assert seen["planned"] == seen["real"] == (192 if task == "detect" else 160), seen
+
+
+def _peaks_on(dev, data, project, name, plan, epochs=2, ballast=0):
+    """Train ``plan`` inside ``dev`` (an ``UntoldDevice``), each phase's peak on it: the epochs', validations', and
+    the peak just before each validation. ``ballast`` bytes appear on the device from each epoch's end to its
+    ``on_fit_epoch_end`` (another tenant of a shared GPU, or fragmentation, while validation runs)."""
+    import logging
+
+    from ultralytics.utils import LOGGER
+
+    seen, lines, held = {"train": [], "pre": [], "val": []}, [], []
+
+    def phase(name):
+        def mark(_):
+            seen[name].append(dev.peak) if name else None
+            dev.reset_peak()
+        return mark
+
+    def arrive(_):
+        held.append(torch.empty(ballast, dtype=torch.uint8)) if ballast else None
+
+    handler = logging.Handler()
+    handler.emit = lambda r: lines.append(r.getMessage())
+    model = YOLO("yolo11n.yaml")
+    dev.track([*model.model.parameters(), *model.model.buffers()])
+    for event, what in (("on_train_epoch_start", None), ("on_train_epoch_end", "train"), ("on_val_start", "pre"),
+                        ("on_val_end", "val")):
+        model.add_callback(event, phase(what))
+    model.add_callback("on_train_epoch_end", arrive)
+    model.add_callback("on_fit_epoch_end", lambda _: held.clear())
+    LOGGER.addHandler(handler)
+    try:
+        model.train(data=data, project=str(project), name=name, **{**ARGS, "epochs": epochs, "val": True,
+                                                                   "save_period": 1}, **plan)
+    finally:
+        LOGGER.removeHandler(handler)
+    return model.trainer, seen, lines
+
+
+def test_validation_that_runs_out_retries_smaller_and_the_run_keeps_every_epoch(detect_data, tmp_path):
+    """A device planning is not told about (nothing plans validation for it), on which memory that training did not
+    need is taken while validation runs (``ballast``: another tenant of a shared GPU): Ultralytics' validation at
+    twice the training batch runs out of memory, retries at half the batch, and the run completes: every epoch
+    validated at that batch, its losses and peaks in results.csv, every epoch's weights saved.
+
+    Sizes from a first run on an unlimited untold device in the same test: the device holds 1.05x the larger of the
+    epoch's and validation's peaks; the ballast leaves validation room for a quarter less than its increase at
+    batch 8 (at batch 4 it is about half that increase)."""
+    plan = {"checkpoint_stages": "all", "checkpoint_layers": "head"}
+    with UntoldDevice(2**40) as dev:
+        _, free, _ = _peaks_on(dev, detect_data, tmp_path, "free", plan, epochs=1)
+    train, pre, val = max(free["train"]), free["pre"][0], free["val"][0]  # the epoch's validation, at batch 8
+    limit = int(1.05 * max(train, val))
+    ballast = limit - int(pre + 0.75 * (val - pre))
+    with UntoldDevice(limit) as dev:
+        t, seen, lines = _peaks_on(dev, detect_data, tmp_path, "untold", plan, ballast=ballast)
+    assert t.batch_size == ARGS["batch"]  # training fitted: Ultralytics' retry never halved it
+    retried = [x for x in lines if "validation ran out of memory at batch 8: validating at batch 4" in x]
+    assert len(retried) == 1 and t.test_loader.batch_size == 4 == t.run_memory.val_batch, lines[-30:]
+    rows = (t.save_dir / "results.csv").read_text().splitlines()
+    header = [c.strip() for c in rows[0].split(",")]
+    assert len(rows) == 3 and "mem/val_peak_tensor_GB" in header
+    for row in rows[1:]:
+        values = dict(zip(header, (float(v) for v in row.split(","))))
+        assert 0 < values["mem/val_peak_tensor_GB"] and values["metrics/mAP50(B)"] >= 0
+        assert all(v == v for k, v in values.items() if k.startswith("val/"))  # validated with its loss
+    weights = {p.name for p in (t.save_dir / "weights").glob("*.pt")}
+    assert weights == {"epoch0.pt", "epoch1.pt", "last.pt", "best.pt"}, weights  # save_period=1: each epoch
+
+
+def test_validation_runs_out_at_one_image_then_leaves_its_loss_out(detect_data, tmp_path):
+    """The retries after the batch: at one image validation leaves its loss out (the val loss figures NaN, never a
+    made-up 0; metrics as before), and where even that does not fit, the epoch is not validated (the last metrics,
+    no fitness) rather than the run ended."""
+    model = YOLO("yolo11n.yaml")
+    model.train(data=detect_data, project=str(tmp_path), checkpoint_stages="all", **{**ARGS, "val": True})
+    t = model.trainer
+    memory = t.run_memory
+    assert "batch 4" in memory.after_validation_oom(8) and memory.val_batch == 4
+    assert "without its loss" in memory.after_validation_oom(1) and memory.val_without_loss
+    assert memory.after_validation_oom(1) is None  # nothing left to try
+    metrics, fitness = t.validate()
+    losses = {k: v for k, v in metrics.items() if k.startswith("val/")}
+    assert losses and all(v != v for v in losses.values()), losses  # NaN: not computed
+    assert fitness is not None and "metrics/mAP50-95(B)" in metrics
+    assert "loss" not in vars(t.ema.ema)  # the shadow is gone after the validation
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    t.test_loader = t.get_dataloader(t.data["val"], batch_size=1, mode="val")
+    last = dict(t.metrics)
+    assert memory_hooks.validate_within_memory(t, out_of_memory) == (last, None)

@@ -10,11 +10,16 @@ CPU (any non-CUDA device)   exact live tensor bytes (dispatch mode)   ``mem/peak
 CPU with ``compile=True``   process peak RSS (``VmHWM``)              ``mem/peak_rss_GB``
 ==========================  ========================================  ===============================================
 
+Validation is measured with the same meter, in columns of its own beside the epoch's (``mem/val_peak_tensor_GB``, ...;
+NaN in an epoch that does not validate); the final evaluation's peak goes to the console and to the metrics of its
+``on_fit_epoch_end``.
+
 Ultralytics' events do not always come in pairs: its first-epoch out-of-memory retry restarts an epoch without
 ``on_train_epoch_end``, an exception skips the end, early stopping and resume start mid-way. So ``start`` restarts a
 measurement that is already running, ``stop`` on a meter that is not running reports nothing, and ``close`` (on any
-exit) leaves no dispatch mode behind. The trainer glue below is two callbacks, registered once per trainer, and
-``close_epoch_memory``, which the trainer calls however training ends.
+exit) leaves no dispatch mode behind. The trainer glue below is three callbacks, registered once per trainer ahead
+of every other (a user's callback of the same event reads this epoch's figures), ``validation_memory`` around the
+trainer's validations, and ``close_epoch_memory``, which the trainer calls however training ends.
 
 Examples:
     >>> import torch
@@ -33,7 +38,8 @@ Examples:
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +170,7 @@ def start_epoch_memory(trainer: Any) -> None:
         held = [trainer.model.parameters(), trainer.model.buffers(), trainer.ema.ema.state_dict(),
                 trainer.optimizer.state_dict()["state"]]
         meter.tracker.track([list(h) if not isinstance(h, dict) else h for h in held])
+    trainer.run_memory.val = {val_key(k): math.nan for k in meter.keys}  # until this epoch validates
     meter.start()
 
 
@@ -180,10 +187,50 @@ def stop_epoch_memory(trainer: Any) -> None:
     ranks = gather(own)
     trainer.run_memory.epoch_own = own
     trainer.run_memory.epoch, top = most_of(ranks, keys)
+    trainer.metrics = {**(trainer.metrics or {}), **trainer.run_memory.epoch}  # for the callbacks after ours
     if any(math.isfinite(v) for v in trainer.run_memory.epoch.values()):
         values = "/".join(f"{v:.3f}" for v in trainer.run_memory.epoch.values())
         where = f", rank {top} of {len(ranks)} (the most; ranks {rank_values(ranks, keys)})" if len(ranks) > 1 else ""
         LOGGER.info(f"{PREFIX} epoch {trainer.epoch + 1} peak {values} GB {meter.description}{where}")
+
+
+def val_key(key: str) -> str:
+    """The results.csv column of validation's peak beside the epoch's: ``mem/val_peak_tensor_GB``."""
+    return key.replace("mem/", "mem/val_", 1)
+
+
+@contextmanager
+def validation_memory(trainer: Any, what: str) -> Iterator[None]:
+    """Measure a validation's peak (``what``: "validation", "final evaluation") with the epoch's meter, into
+    ``run_memory.val`` and the console. In this process only: under DDP each rank validates its share."""
+    meter = trainer.run_memory.meter
+    if meter is not None:
+        meter.start()
+    try:
+        yield
+    finally:
+        stop_validation_memory(trainer, what)
+
+
+def stop_validation_memory(trainer: Any, what: str) -> None:
+    """End a validation's measurement, if one runs: its peaks into ``run_memory.val``, and one console line."""
+    meter = trainer.run_memory.meter
+    if meter is None or not meter.running:
+        return
+    measured = meter.stop()
+    trainer.run_memory.val = {val_key(k): measured.get(k, math.nan) for k in meter.keys}
+    if measured:
+        values = "/".join(f"{v:.3f}" for v in measured.values())
+        LOGGER.info(f"{PREFIX} {what} peak {values} GB {meter.description}")
+
+
+def memory_in_metrics(trainer: Any) -> None:
+    """``on_fit_epoch_end``, before any other callback: the epoch's and the validation's peaks in ``trainer.metrics``,
+    also after the final evaluation (whose measurement ends here, where its metrics are handed on)."""
+    stop_validation_memory(trainer, "final evaluation")
+    ours = {**trainer.run_memory.epoch, **trainer.run_memory.val}
+    trainer.metrics = {**{k: v for k, v in (trainer.metrics or {}).items() if k not in ours},
+                       **{k: v for k, v in ours.items() if math.isfinite(v)}}  # loggers: what was measured
 
 
 def most_of(ranks: list[dict[str, float]], keys: tuple[str, ...]) -> tuple[dict[str, float], int]:
@@ -208,7 +255,8 @@ def close_epoch_memory(trainer: Any) -> None:
         trainer.run_memory.meter.close()
 
 
-CALLBACKS = {"on_train_epoch_start": start_epoch_memory, "on_train_epoch_end": stop_epoch_memory}
+CALLBACKS = {"on_train_epoch_start": start_epoch_memory, "on_train_epoch_end": stop_epoch_memory,
+             "on_fit_epoch_end": memory_in_metrics}
 
 
 def epoch_ticks(ax: Any, epochs: Any) -> None:

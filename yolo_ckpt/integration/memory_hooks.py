@@ -5,7 +5,9 @@ plan in ``args`` and args.yaml, the validator's loader, the restart after an esc
 - ``auto_batch``: AutoBatch on the checkpointed model: Ultralytics' own on CUDA, for ``memory_budget`` or a simulated
   device ``RunMemory.batch_for_budget``, with ``checkpoint_stages=auto`` the plan and the batch together;
 - ``choose_auto_plan`` (``on_pretrain_routine_end``): ``auto`` for a fixed batch, once the model is on its device,
-  frozen and batched;
+  frozen and batched; ``plan_validation_for_device`` then plans the validator's batch for every other run whose
+  device says its memory;
+- ``validate_within_memory``: validation retried at a smaller batch after an out-of-memory error;
 - ``hold_batch`` (before Ultralytics builds its loaders) and ``escalation_point`` (``on_train_epoch_start``): in
   Ultralytics' first-epoch out-of-memory retry, a plan that keeps less before the batch halves.
 
@@ -14,15 +16,20 @@ Under DDP rank 0 decides ``auto`` and every rank installs what it broadcasts.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import torch
 from torch import nn
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.utils import LOCAL_RANK, LOGGER, RANK
 from ultralytics.utils.torch_utils import unwrap_model
 
-from ..memory.device import device_memory
+from ..memory.device import device_memory, is_oom, release
 from ..memory.step import grad_bytes, planned_copy
+from ..planning.autobatch import parse_memory
 from ..planning.escalation import Snapshot
 from ..planning.random_state import Generators, random_state_kept
 from ..regions.install import checkpoint_mode, checkpoint_plan
@@ -90,6 +97,26 @@ def choose_auto_plan(trainer: Any) -> None:
     frozen and batched by then (AutoBatch resolves it earlier, in ``auto_batch``)."""
     if is_auto(trainer.args.checkpoint_stages):
         auto_plan(trainer, objects(trainer))
+
+
+def plan_validation_for_device(trainer: Any) -> None:
+    """``on_pretrain_routine_end``, after ``choose_auto_plan``: a run whose training nothing planned to a share (a
+    fixed plan or vanilla, at a fixed batch) on a device that says its memory, or with ``memory_budget``, gets the
+    validator's batch planned too (``RunMemory.fit_validation``), so that validation fits where training does. One
+    process only: under DDP the ranks validate together."""
+    memory = trainer.run_memory
+    budget = trainer.args.memory_budget
+    if RANK != -1 or memory.target is not None or is_auto(trainer.args.checkpoint_stages):
+        return  # AutoBatch for a budget and ``auto`` planned validation with the training step
+    if budget is None and device_memory(trainer.device) is None:
+        return  # nothing bounds this run's memory: Ultralytics' own validation
+    model = unwrap_model(trainer.model)
+    shape = step_shape(trainer, objects(trainer), trainer.batch_size)
+    line = memory.fit_validation(model, trainer.device, shape, validation_of(trainer), None,
+                                 None if budget is None else parse_memory(budget), "validation planned for the device")
+    if line:
+        validate_at_planned_batch(trainer)
+        LOGGER.info(line)
 
 
 def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size: int = 0) -> int:
@@ -215,6 +242,53 @@ def escalate(trainer: Any, model: nn.Module) -> None:
     done = memory.escalate(model, trainer.device, settings_of(trainer), shape, loss_escalation(trainer))
     record_settings(trainer, done.settings.keys())
     LOGGER.warning(done.line)
-    if line := memory.replan_validation(model, trainer.device, shape, validation_of(trainer), done.measured):
+    if line := memory.fit_validation(model, trainer.device, shape, validation_of(trainer), done.measured):
         validate_at_planned_batch(trainer)
         LOGGER.info(line)
+
+
+def validate_within_memory(trainer: Any, run: Callable[[], Any], what: str = "validation") -> Any:
+    """Ultralytics' ``validate`` or ``final_eval`` (``run``), retried after an out-of-memory error instead of ending
+    the run.
+
+    Ultralytics' own retry covers the first training epoch only; validation comes after it and before
+    ``save_model``, so an error there would end the run with the epoch's weights unsaved. In one process the
+    validator retries at half the batch (kept for the rest of the run, the final evaluation included), down to one
+    image, then without its loss (``RunMemory.after_validation_oom``); where even that does not fit, the epoch is not
+    validated (its metrics the last validation's, no fitness) and its weights are saved as every epoch's are, or the
+    final evaluation is left out (best.pt is saved already). Under DDP the ranks validate together, and an error
+    stays the run's.
+    """
+    memory = trainer.run_memory
+    while True:
+        try:
+            with _loss_left_out(trainer) if memory.val_without_loss and what == "validation" else nullcontext():
+                return run()
+        except Exception as e:
+            if RANK != -1 or not is_oom(e):
+                raise
+        release(trainer.device)  # outside the handler: the error's frames, and the tensors they held, are gone
+        batch = trainer.test_loader.batch_size
+        if what != "validation" and batch == 1:  # the final evaluation computes no loss: nothing left to leave out
+            LOGGER.warning(f"{PREFIX} the final evaluation does not fit one image: left out (best.pt is saved)")
+            return None
+        line = memory.after_validation_oom(batch)
+        if line is None:
+            LOGGER.warning(f"{PREFIX} validation does not fit one image without its loss: epoch {trainer.epoch + 1} "
+                           f"is not validated (its metrics the last validation's); its weights are saved")
+            return trainer.metrics, None
+        LOGGER.warning(f"{PREFIX} {line.replace('validation', what, 1)}")
+        validate_at_planned_batch(trainer)
+
+
+@contextmanager
+def _loss_left_out(trainer: Any) -> Iterator[None]:
+    """The validator's model (the EMA) computes no loss: its loss items NaN, in the form the validator sums."""
+    model, items = trainer.ema.ema, trainer.loss_items
+    nan = ({k: torch.full_like(v, math.nan) for k, v in items.items()} if isinstance(items, dict)
+           else torch.full_like(items, math.nan))
+    model.loss = lambda batch, preds=None: (None, nan)
+    try:
+        yield
+    finally:
+        model.__dict__.pop("loss", None)

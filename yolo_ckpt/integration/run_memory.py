@@ -58,8 +58,10 @@ class RunMemory:
             (``smallest_device``), which rank 0 plans for; ``None``: the training device.
         epoch (dict[str, float]): The last epoch's peaks, the maximum over ranks, for results.csv and the loggers.
         epoch_own (dict[str, float]): The last epoch's peaks of this process.
-        meter (Any): The epoch's ``EpochPeak``, once the first epoch started.
+        val (dict[str, float]): The last validation's peaks (``mem/val_peak_...``); NaN for an epoch not validated.
+        meter (Any): The epoch's ``EpochPeak``, once the first epoch started; it measures validation too.
         escalation (Escalation): What escalation remembers across Ultralytics' retry.
+        val_without_loss (bool): Validation ran out of memory at batch 1: it computes no loss from then on.
     """
 
     target: int | None = None
@@ -68,8 +70,10 @@ class RunMemory:
     device: DeviceMemory | None = None
     epoch: dict[str, float] = field(default_factory=dict)
     epoch_own: dict[str, float] = field(default_factory=dict)
+    val: dict[str, float] = field(default_factory=dict)
     meter: Any = None
     escalation: Escalation = field(default_factory=Escalation)
+    val_without_loss: bool = False
 
     def aim(self, device: torch.device, memory_budget: str | float | None, fraction: float) -> MemoryTarget:
         """The run's memory target, in exact tensor bytes, and its share (``target``) from now on.
@@ -122,6 +126,20 @@ class RunMemory:
         self.val_batch = planned.batch
         return planned.line
 
+    def after_validation_oom(self, batch: int) -> str | None:
+        """Validation ran out of memory at ``batch``: the next try, as a log line, or ``None`` when none is left.
+
+        Half the batch (kept for the rest of the run: memory does not grow back), down to one image; then, at one
+        image, the loss left out of validation (its figures NaN, never a made-up 0)."""
+        if batch > 1:
+            self.val_batch = batch // 2
+            return f"validation ran out of memory at batch {batch}: validating at batch {self.val_batch}"
+        if not self.val_without_loss:
+            self.val_without_loss = True
+            return ("validation ran out of memory at batch 1: validating without its loss from now on (the val loss "
+                    "columns NaN), metrics as before")
+        return None
+
     def validator_batch(self, batch: int) -> int:
         """The batch the validator's loader gets in place of Ultralytics' ``batch``: at most the one planned."""
         return batch if self.val_batch is None else min(batch, self.val_batch)
@@ -152,19 +170,24 @@ class RunMemory:
         self.escalation.pending = False
         return oom_retry.escalate(model, device, old, shape, loss, self.escalation)
 
-    def replan_validation(self, model: nn.Module, device: torch.device, shape: StepShape, validation: Validation,
-                          step: int | None) -> str | None:
-        """After an escalation, the validator's batch for the device that ran out: Ultralytics validates at twice the
-        batch that escalation kept (the halving it replaced would have halved that too), and on a device nothing
-        planned for (no ``target``), or one that held less than it said, that validation can run out where training
-        fits (``benchmarks/gpu_check.py``'s escalation at 192 px). Planned as ``auto`` plans it, within the device's
-        usable memory (and the run's target, if any); ``step``: the escalated plan's measured step, if any. Returns
-        the line to log, ``None`` where no device bounds validation."""
+    def fit_validation(self, model: nn.Module, device: torch.device, shape: StepShape, validation: Validation,
+                       step: int | None, budget: int | None = None, when: str = "after escalation") -> str | None:
+        """The validator's batch for a run whose training at ``shape`` nothing planned to a share: a fixed plan on a
+        device that says its memory (CUDA, ``simulate_gpu``) or with ``memory_budget`` (``budget``, bytes),
+        and every run after an escalation, where Ultralytics validates at twice the batch escalation kept (the halving
+        it replaced would have halved that too) and where, on a device that held less than it said, validation can
+        run out where training fits (``benchmarks/gpu_check.py``'s escalation at 192 px).
+
+        Planned as ``auto`` plans it, within the device's usable memory (and the budget, and the run's target, if
+        any); ``step``: the training step's measured peak, if any. Returns the line to log (``when`` opens it), or
+        ``None`` where nothing bounds validation."""
         dev = device_memory(device)
-        if dev is None:
+        tensor_bytes = dev.tensor_bytes if dev is not None else (lambda b: b)
+        bounds = [b for b in (dev.usable if dev is not None else None, budget) if b is not None]
+        bounds = [tensor_bytes(b) for b in bounds] + ([] if self.target is None else [self.target])
+        if not bounds:
             return None
-        target = dev.tensor_bytes(dev.usable)
-        target = target if self.target is None else min(target, self.target)
+        target = min(bounds)
         held = batch_bytes(model, shape) + loop_bytes(model, shape)
         with random_state_kept(Generators.TORCH):
             try:
@@ -172,11 +195,11 @@ class RunMemory:
                 planned = plan_validation(model, validation, shape.batch, target, held,
                                           target if step is None else step)
             except CheckpointConfigError as e:  # training fits: validation at Ultralytics' batch is the user's
-                LOGGER.warning(f"{PREFIX} after escalation: {e}")
+                LOGGER.warning(f"{PREFIX} {when}: {e}")
                 return None
         if planned.batch is not None:
             self.val_batch = planned.batch
-        return f"{PREFIX} after escalation: {planned.line}"
+        return f"{PREFIX} {when}: {planned.line}"
 
 
 def smallest_device(device: torch.device) -> DeviceMemory | None:

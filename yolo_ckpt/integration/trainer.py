@@ -16,18 +16,15 @@ Examples:
 
 from __future__ import annotations
 
-import os
-import shutil
+import math
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import ultralytics
 from torch import nn
-from ultralytics.cfg import cfg2dict, get_save_dir
+from ultralytics.cfg import cfg2dict
 from ultralytics.models import yolo
 from ultralytics.models.rtdetr.train import RTDETRTrainer as UltralyticsRTDETRTrainer
 from ultralytics.utils import LOGGER, RANK, IterableSimpleNamespace
@@ -48,9 +45,10 @@ from ..regions.spec import CheckpointConfigError, word
 from ..report.summary import PREFIX, compare_with_vanilla
 from . import memory_hooks
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
-from .epoch_memory import CALLBACKS, close_epoch_memory, plot_memory
-from .memory_hooks import choose_auto_plan, escalation_point
+from .epoch_memory import CALLBACKS, close_epoch_memory, plot_memory, validation_memory
+from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device
 from .offline import provide_fonts
+from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
 from .run_facts import settings_of
 from .run_memory import RunMemory
 from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_settings, is_auto, model_name, saved_settings
@@ -72,55 +70,6 @@ def skip_frozen_stages(trainer: Any) -> None:
         LOGGER.warning(f"{PREFIX} {names} not recomputed: frozen, with no gradient flowing in, so nothing is "
                        f"stored for backward there; checkpointing {kept.describe()}")
         enable_checkpointing(model, kept, checkpoint_mode(model))
-
-
-WORKER_ERROR = "yolo_ckpt_error_rank{}.txt"  # each DDP worker's one-line error, for the launching process
-
-
-def new_run_dir(args: Any) -> Path | None:
-    """The run directory Ultralytics will create for ``args`` (``get_save_dir``, as ``BaseTrainer.__init__`` calls it
-    next), or ``None`` when it exists already (``exist_ok=True``): only a directory this run creates is ever removed."""
-    path = get_save_dir(args)
-    return None if path.exists() else path
-
-
-def remove_created_dir(trainer: Any) -> None:
-    """Remove the run directory, if this run created it (never a pre-existing one, never on resume)."""
-    created = getattr(trainer, "created_dir", None)
-    if created is not None and Path(trainer.save_dir).resolve() == created:
-        shutil.rmtree(created, ignore_errors=True)
-
-
-def report_to_launcher(trainer: Any, error: CheckpointConfigError) -> NoReturn:
-    """In a DDP worker: leave this rank's line where the launching process looks, and end the worker at once.
-
-    ``os._exit``: a worker leaving Python normally after the error intermittently aborts in gloo's threads
-    (``terminate called without an active exception``, SIGABRT: 2 of 8 runs under load with the process group
-    destroyed first, torch 2.14.1), and the launcher then prints its own traceback. Every rank has raised the same
-    line (rank 0 decided it), so no collective is left waiting; there is nothing of the worker's to clean up.
-    """
-    (Path(trainer.save_dir) / WORKER_ERROR.format(RANK)).write_text(str(error))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def reported_by_workers(trainer: Any) -> str | None:
-    """In the launching process of DDP: the line the workers reported (their files are removed), or ``None``.
-
-    Every rank stops with the line rank 0 decided (``memory_hooks.auto_plan`` broadcasts it), so all ranks report one
-    line; where they do not, the line says what each rank reported, and which reported nothing."""
-    files = {r: Path(trainer.save_dir) / WORKER_ERROR.format(r) for r in range(max(trainer.world_size, 1))}
-    lines = {r: f.read_text() for r, f in files.items() if f.is_file()}
-    for f in files.values():
-        f.unlink(missing_ok=True)
-    if not trainer.ddp or not lines:
-        return None
-    if len(set(lines.values())) == 1 and len(lines) == len(files):
-        return next(iter(lines.values()))
-    silent = [r for r in files if r not in lines]
-    return "; ".join([*(f"rank {r}: {line}" for r, line in lines.items()),
-                      *([f"ranks {silent} reported nothing"] if silent else [])])
 
 
 class CheckpointMixin(DistributedMixin):
@@ -155,11 +104,11 @@ class CheckpointMixin(DistributedMixin):
         super().__init__({**DEFAULT_CFG_DICT_CKPT, **cfg2dict(cfg or {})}, overrides, _callbacks)
         self.run_memory = RunMemory()  # the run's memory decisions and what they remember
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
-                ("on_pretrain_routine_end", choose_auto_plan),
-                ("on_pretrain_routine_end", skip_frozen_stages), ("on_train_end", compare_with_vanilla)]
-        for event, fn in ours:
+                ("on_pretrain_routine_end", choose_auto_plan), ("on_pretrain_routine_end", skip_frozen_stages),
+                ("on_pretrain_routine_end", plan_validation_for_device), ("on_train_end", compare_with_vanilla)]
+        for event, fn in reversed(ours):  # ahead of every other callback, in this order: a user's reads our figures
             if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
-                self.add_callback(event, fn)
+                self.callbacks[event].insert(0, fn)
 
     def check_resume(self, overrides: dict) -> None:
         """Resume like Ultralytics, restore our keys from the checkpoint, then validate ``checkpoint_stages``."""
@@ -279,6 +228,18 @@ class CheckpointMixin(DistributedMixin):
             for k, v in saved.items():
                 setattr(self.args, k, v)
 
+    def validate(self):
+        """Validate like Ultralytics, its peak measured (``mem/val_peak_...``); an out-of-memory error retries at a
+        smaller validator batch and never ends the run (``memory_hooks.validate_within_memory``)."""
+        with validation_memory(self, "validation"):
+            return memory_hooks.validate_within_memory(self, super().validate)
+
+    def final_eval(self):
+        """Ultralytics' final evaluation of best.pt, its peak measured and in the metrics it hands on; retried as
+        validation is."""
+        with validation_memory(self, "final evaluation"):
+            memory_hooks.validate_within_memory(self, super().final_eval, "final evaluation")
+
     def get_validator(self):
         """Build the Ultralytics validator from arguments without our keys."""
         with self._ultralytics_args():
@@ -342,14 +303,15 @@ class CheckpointMixin(DistributedMixin):
         """Write results.csv with this epoch's peak memory columns, and pass them to Ultralytics' loggers.
 
         The integrations (TensorBoard, MLflow, W&B, Comet, ...) log ``trainer.metrics`` at ``on_fit_epoch_end``, which
-        follows this call in every epoch.
+        follows this call in every epoch: they get the figures measured (results.csv says NaN for the others).
         """
-        def ours_last(d: dict) -> dict:  # an epoch without validation carries the last epoch's metrics, ours included
-            epoch = self.run_memory.epoch
-            return {**{k: v for k, v in d.items() if k not in epoch}, **epoch}
+        ours = {**self.run_memory.epoch, **self.run_memory.val}
 
-        self.metrics = ours_last(self.metrics)
-        super().save_metrics(ours_last(metrics))  # results.csv writes values in order under the first epoch's header
+        def ours_last(d: dict, figures: dict) -> dict:  # an epoch without validation carries the last one's metrics
+            return {**{k: v for k, v in d.items() if k not in ours}, **figures}
+
+        self.metrics = ours_last(self.metrics, {k: v for k, v in ours.items() if math.isfinite(v)})
+        super().save_metrics(ours_last(metrics, ours))  # results.csv writes values in order under the first header
 
     def plot_metrics(self) -> None:
         """Plot results.png like Ultralytics, and memory per epoch to memory.png beside it."""
