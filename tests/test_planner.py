@@ -31,6 +31,7 @@ from yolo_ckpt.regions.spec import CheckpointConfigError
 from support import (
     MINI,
     SMALL,
+    TRAIN_ARGS,
     assert_exact_and_recomputed,
     assert_same_training,
     auto_budget,
@@ -135,10 +136,10 @@ def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive, tim
     """When vanilla fits, one line says so (no empty trade-off table); otherwise the table lists what was measured."""
     costs, fixed, peak, rows = exhaustive
     vanilla = step_bytes(small, StepShape(IMGSZ, BATCH))  # the target vanilla just fits
-    lines = auto_report(choose_plan(small, StepShape(IMGSZ, BATCH), vanilla, costs=costs), "full")
+    lines = auto_report(choose_plan(small, StepShape(IMGSZ, BATCH), vanilla, costs=costs))
     assert len(lines) == 1 and lines[0].startswith(f"auto: vanilla fits at batch {BATCH} (measured ")
     tight = choose_plan(small, StepShape(IMGSZ, BATCH), fixed + int(0.6 * peak), costs=costs)
-    lines = auto_report(tight, tight.candidate.mode)
+    lines = auto_report(tight)
     assert lines[0].split() == ["plan", "FLOPs", "predicted", "s", "measured", "s", "predicted", "GB", "measured", "GB"]
     assert len(lines) >= 3 and sum("<- chosen" in line for line in lines) == 1 and lines[-1].startswith("auto chose")
     chosen = next(line for line in lines if "<- chosen" in line).split()
@@ -371,3 +372,48 @@ def test_the_stem_and_the_next_stage_are_a_unit_of_one_region(small, exhaustive,
                                imgsz=160)
     assert_same_training(str(cfg), [], vanilla, ckpt, layers=s["checkpoint_layers"])
 
+
+
+def test_autos_printed_keys_train_the_same_plan_again_without_planning(detect_data, tmp_path):
+    """``auto`` ends with the keys to pass (in the keys' own words, shell-quoted): trained again with them, parsed as
+    ``yolo-ckpt train`` parses a command line, the same plan is installed (the layer plan, its mode and the loss plan,
+    read off the training model when training starts) and nothing is planned. The budget leaves vanilla no room, so
+    auto chooses a plan."""
+    import logging
+    import shlex
+
+    from ultralytics.utils import LOGGER
+    from ultralytics.utils.torch_utils import unwrap_model
+
+    from yolo_ckpt import YOLO
+    from yolo_ckpt.integration.cli import parse_train_args
+    from yolo_ckpt.regions.install import checkpoint_mode, checkpoint_plan
+    from yolo_ckpt.regions.loss.install import loss_checkpointing
+
+    def run(name: str, **keys) -> tuple[tuple, list[str]]:
+        lines, seen = [], []
+        handler = logging.Handler()
+        handler.emit = lambda r: lines.append(r.getMessage())
+        model = YOLO("yolo11n.yaml")
+        model.add_callback("on_train_start", lambda t: seen.append(
+            (checkpoint_plan(m := unwrap_model(t.model)), checkpoint_mode(m), loss_checkpointing(m))))
+        LOGGER.addHandler(handler)
+        try:
+            model.train(data=detect_data, project=str(tmp_path), name=name,
+                        **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False}, **keys)
+        finally:
+            LOGGER.removeHandler(handler)
+        return seen[0], lines
+
+    budget = auto_budget("yolo11n.yaml", detect_data, 160, TRAIN_ARGS["batch"], 0.5)
+    chosen, lines = run("auto", checkpoint_stages="auto", memory_budget=budget)
+    assert chosen[0] is not None and chosen[0].regions  # a plan, not vanilla
+    said = [x for x in lines if "to train this plan again without planning, pass " in x]
+    assert len(said) == 1, lines[-20:]
+    keys = said[0].split("without planning, pass ", 1)[1].removesuffix(" (args.yaml holds them too)")
+    overrides = parse_train_args(["train", *shlex.split(keys)])
+    assert set(overrides) - {"mode"} <= {"checkpoint_stages", "checkpoint_layers", "checkpoint_mode",
+                                         "checkpoint_loss"}, overrides
+    again, lines = run("again", **{k: v for k, v in overrides.items() if k != "mode"})
+    assert again == chosen
+    assert not any("auto: choosing" in x for x in lines)  # nothing planned

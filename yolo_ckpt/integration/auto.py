@@ -27,8 +27,7 @@ from ..memory.tracker import cuda_peak
 from ..planning.autobatch import MemoryTarget, plan_batch
 from ..planning.choice import choose_plan, choose_plan_and_batch
 from ..planning.costs import Costs
-from ..planning.units import NothingFits, describe, loss_suffix
-from ..regions.recompute import MODES
+from ..planning.units import NothingFits
 from ..regions.settings import VANILLA, PlanSettings
 from ..regions.spec import CheckpointConfigError
 from ..report.summary import PREFIX
@@ -75,16 +74,14 @@ class AutoChoice:
     step: int
 
 
-def auto_report(choice: Any, mode: str, how: str = "measured", capped: str = "") -> list[str]:
+def auto_report(choice: Any, how: str = "measured", capped: str = "") -> list[str]:
     """Log lines for ``auto``'s choice (a ``choice.Choice``): the trade-off table of the measured candidates and the
     choice, or a single line when vanilla fits (nothing was weighed, so there is no table)."""
     measured = f"{how} {choice.measured_bytes / 2**30:.3f} GB of {choice.target_bytes / 2**30:.3f} GB"
     c = choice.candidate
     if not c.recomputes:
         return [f"auto: vanilla fits at batch {choice.batch}{capped} ({measured}): nothing recomputed"]
-    what = describe(c)
-    if c.units and c.mode in MODES:  # the plan knows one mode only
-        what = choice.plan.describe(mode) + loss_suffix(c)
+    what = str(c.settings)  # in the keys' own words
     timed = f", measured {choice.measured_seconds:.3f} s" if choice.measured_seconds is not None else ""
     return [*(f"  {line}" for line in choice.table()),
             f"auto chose {what} at batch {choice.batch}{capped}: {1 + c.flops / choice.base_flops:.3f}x FLOPs, "
@@ -173,7 +170,7 @@ def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatc
 def _choice_lines(choice: Any, capped: str, seconds: float) -> list[str]:
     """``auto``'s choice as log lines: its trade-off table, and what planning measured in how long."""
     how = "extrapolated from batches the device holds" if choice.extrapolated else "measured"
-    lines = [f"{PREFIX} {line}" for line in auto_report(choice, choice.candidate.settings.mode, how, capped)]
+    lines = [f"{PREFIX} {line}" for line in auto_report(choice, how, capped)]
     lines.append(f"{PREFIX} auto: planned in {seconds:.1f} s ({len(choice.costs.unit) + 1} timed batch-1 steps: "
                  f"vanilla, and each unit alone in each of its modes; {len(choice.tried)} candidates measured at "
                  f"batch {choice.batch})")

@@ -35,7 +35,7 @@ from ..planning.random_state import Generators, random_state_kept
 from ..regions.install import checkpoint_mode, checkpoint_plan
 from ..regions.loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
 from ..regions.plan import CheckpointPlan
-from ..regions.settings import VANILLA
+from ..regions.settings import VANILLA, PlanSettings
 from ..regions.spec import CheckpointConfigError
 from ..report.summary import PREFIX
 from .auto import AUTOBATCH
@@ -164,6 +164,8 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
                         f"{written} allowed it){'' if trainer.args.checkpoint_loss == 'chunked' else ': bit for bit'}")
     for line in decision["lines"]:
         LOGGER.info(line)
+    LOGGER.info(f"{PREFIX} auto: to train this plan again without planning, pass "
+                f"{PlanSettings.from_keys(decision['settings'])} (args.yaml holds them too)")
     return decision["batch"]
 
 
