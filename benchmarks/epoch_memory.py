@@ -4,7 +4,8 @@ Trains the same run in one process (deterministic CPU by default) on the embedde
 with ``checkpoint_stages=[]`` (vanilla training, memory measured) and once per plan. Prints each plan's per-epoch
 peak as a ratio to vanilla, whether the losses are identical to plain Ultralytics, and each epoch's duration (from
 results.csv's cumulative ``time``) as a ratio to plain Ultralytics' same epoch; for ``[]`` that is the cost of
-measuring memory. Use ``--epochs 2`` or more: epoch 1 includes one-off warm-up.
+measuring memory. Use ``--epochs 2`` or more: epoch 1 includes one-off warm-up. Then the whole run's peak of each plan
+(training, validation and the final evaluation of best.pt) as a ratio to vanilla's.
 
 Usage:
     python benchmarks/epoch_memory.py --model yolo11n.yaml --imgsz 640 --batch 4 --epochs 1 --stages all "[2,3]"
@@ -17,6 +18,7 @@ Usage:
 import argparse
 import ast
 import csv
+import math
 import re
 import tempfile
 from pathlib import Path
@@ -70,20 +72,25 @@ def main() -> None:
     args = dict(data=data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=a.device, workers=0, plots=False,
                 val=False, project=str(project), verbose=False)
     plans = [(s, loss) for s in [*a.stages, *(["third"] if a.third else [])] for loss in a.loss]
+    whole = {}  # each of our runs' peak over training, validation and the final evaluation
     for stages, loss in [("ultralytics", "none"), ("[]", "none"), *plans]:
         spec = (stages if not a.layers or stages in ("ultralytics", "[]") else f"{stages} + {a.layers}") + \
             ("" if loss == "none" else f" + loss {loss}")
         # the run's directory, in plain characters: with --layers "['1-2', ...]" Ultralytics' final validation looked
         # for best.pt at the path without its quotes, and the run died
         name = re.sub(r"[^\w+.,-]", "_", spec.replace(" ", ""))
+        model = ultralytics.YOLO(a.model) if stages == "ultralytics" else YOLO(a.model)
+        peaks = whole.setdefault(spec, [])  # every on_fit_epoch_end's memory figures, the final evaluation's included
+        model.add_callback("on_fit_epoch_end", lambda t, peaks=peaks: peaks.extend(
+            v for k, v in t.metrics.items() if k.startswith("mem/") and math.isfinite(v)))
         if stages == "ultralytics":
-            ultralytics.YOLO(a.model).train(name=name, **args)
+            model.train(name=name, **args)
         elif stages == "third":
-            YOLO(a.model).train(name=name, **THIRD.keys(), checkpoint_loss=loss, **args)
+            model.train(name=name, **THIRD.keys(), checkpoint_loss=loss, **args)
         else:
             layers = None if stages == "[]" else a.layers
-            YOLO(a.model).train(name=name, checkpoint_stages=stages if stages == "all" else ast.literal_eval(stages),
-                                checkpoint_layers=layers, checkpoint_loss=loss, **args)
+            model.train(name=name, checkpoint_stages=stages if stages == "all" else ast.literal_eval(stages),
+                        checkpoint_layers=layers, checkpoint_loss=loss, **args)
         with open(project / name / "results.csv") as f:
             runs[spec] = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
     mem = next(k for k in runs["[]"][0] if k.startswith("mem/"))
@@ -101,6 +108,12 @@ def main() -> None:
             same = all(row[k] == ref[k] for k in ref if "loss" in k)
             ratio = float(row[mem]) / float(base[mem])
             print(f"| {spec} | {row['epoch']} | {float(row[mem]):.3f} | {ratio:.3f} | {same} | {t / t_ref:.2f} |")
+    print(f"\nthe whole run's peak ({mem} and its mem/val_peak_ twin: training, validation, the final evaluation)")
+    print("| stages | run peak GB | ratio to [] |")
+    print("|---|---|---|")
+    for spec, peaks in whole.items():
+        if spec != "ultralytics":
+            print(f"| {spec} | {max(peaks):.3f} | {max(peaks) / max(whole['[]']):.3f} |")
     if a.plot:
         plot(runs, mem, f"{Path(a.model).stem} {a.imgsz} px, batch {a.batch}: peak per epoch", a.plot)
         print(f"picture: {a.plot}")
