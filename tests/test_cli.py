@@ -303,7 +303,8 @@ def test_profile_checks_our_keys_before_measuring(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         "yolo-ckpt: error: checkpoint_stages=7: yolo11n.yaml has no stage 7. Valid: a list of distinct stage numbers "
-        "from {1, 2, 3, 4, 5}, a single stage, 'all', 'auto' (with memory_budget or CUDA), or [] for off."]
+        "from {1, 2, 3, 4, 5}, a single stage, 'all', 'auto' (with memory_budget or CUDA), 'least' (the plan that "
+        "keeps the least), or [] for off."]
     assert "plans" not in out.stdout + out.stderr and list(tmp_path.iterdir()) == []  # nothing measured or written
 
 
@@ -425,3 +426,16 @@ def test_profile_follows_the_runs_amp_and_channels_last():
     assert training_formats(run_cfg(True, None), cuda) == (torch.float16, True)
     assert training_formats(run_cfg("bf16", False), cuda) == (torch.bfloat16, False)
     assert training_formats(run_cfg(False, True), cuda) == (None, True)
+
+
+@pytest.mark.parametrize("extra,line", [
+    ({"checkpoint_layers": "head"}, "checkpoint_layers='head': checkpoint_stages=least chooses the layers itself. "
+                                    "Valid: [] or nothing with least."),
+    ({"checkpoint_mode": "selective"}, "checkpoint_mode='selective': checkpoint_stages=least chooses each region's "
+                                       "mode itself. Valid: full or nothing with least.")])
+def test_least_with_a_plan_of_its_own_is_one_line(extra, line):
+    from yolo_ckpt.integration.settings import check_settings
+
+    with pytest.raises(CheckpointConfigError, match=f"^{re.escape(line)}$"):
+        check_settings("yolo11n.yaml", {"checkpoint_stages": "LEAST", **extra})
+    check_settings("yolo11n.yaml", {"checkpoint_stages": " Least "})  # the case rule of every word value

@@ -107,7 +107,8 @@ COMMANDS = {
         ("test", "tests/test_cli.py::test_checks_says_whether_torch_and_torchvision_agree_then_runs_yolo_checks"),
     # the error lines quoted, each with the command that prints it
     "yolo-ckpt: error: checkpoint_stages=7: yolo11n.yaml has no stage 7. Valid: a list of distinct stage numbers "
-    "from {1, 2, 3, 4, 5}, a single stage, 'all', 'auto' (with memory_budget or CUDA), or [] for off.":
+    "from {1, 2, 3, 4, 5}, a single stage, 'all', 'auto' (with memory_budget or CUDA), 'least' (the plan that keeps "
+    "the least), or [] for off.":
         ("run", "train checkpoint_stages=7"),
     "yolo-ckpt: error: task='panoptic' is not a task yolo-ckpt trains. Valid: detect, segment, semantic, depth, pose, "
     "obb, classify.": ("run", "train task=panoptic"),

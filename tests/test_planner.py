@@ -38,6 +38,7 @@ from support import (
     loop_batches,
     timing,
     train_pair,
+    train_run,
 )
 
 IMGSZ, BATCH = 128, 2
@@ -417,3 +418,25 @@ def test_autos_printed_keys_train_the_same_plan_again_without_planning(detect_da
     again, lines = run("again", **{k: v for k, v in overrides.items() if k != "mode"})
     assert again == chosen
     assert not any("auto: choosing" in x for x in lines)  # nothing planned
+
+
+def test_least_installs_the_plan_that_keeps_the_least_and_trains_like_vanilla(detect_data, tmp_path):
+    """``checkpoint_stages=least``: the plan it records (args.yaml) and installs keeps no more than the plans a user
+    writes for the whole network (``all`` + ``head``) or the deepest one (every unit, block layers' parts nested),
+    each step measured here on copies (exact step bytes at the run's imgsz and batch); the run is vanilla's bit for
+    bit, the plan's regions recomputed in every step (forward counts)."""
+    from yolo_ckpt.planning.search import deepest
+    from yolo_ckpt.regions.settings import PlanSettings
+
+    vanilla, ckpt = (train_run("yolo11n.yaml", detect_data, tmp_path, name, ours, epochs=1, imgsz=160)
+                     for name, ours in (("vanilla", None), ("ckpt", {"checkpoint_stages": "least"})))
+    chosen = yaml.safe_load((ckpt / "args.yaml").read_text())
+    assert chosen["checkpoint_stages"] != "least" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
+    assert_same_training("yolo11n.yaml", chosen["checkpoint_stages"], vanilla, ckpt,
+                         layers=chosen["checkpoint_layers"] or None)
+    model = DetectionModel("yolo11n.yaml", verbose=False).train()
+    model.args = get_cfg()
+    shape = StepShape(160, TRAIN_ARGS["batch"], 20)
+    least = step_bytes(with_plan(model, PlanSettings.from_keys(chosen)), shape)
+    for other in (PlanSettings.of("all", layers="head"), deepest(model)):
+        assert least <= step_bytes(with_plan(model, other), shape), other

@@ -49,7 +49,8 @@ from ..memory import step
 from ..memory.device import SimulatedDevice
 from ..memory.step import StepShape
 from ..planning.autobatch import parse_memory
-from ..planning.costs import Costs
+from ..planning.costs import Costs, unit_costs
+from ..planning.search import least_keeping
 from ..regions.families import DEFAULT_MODELS, ultralytics_class
 from ..regions.loss.install import LOSS_HELP
 from ..regions.settings import PlanSettings
@@ -59,7 +60,15 @@ from ..report.summary import training_formats
 from ..report.tradeoff import tradeoffs
 from ..versions import ULTRALYTICS_CHECKED, ULTRALYTICS_RANGE, __version__, torchvision_error
 from .offline import provide_fonts
-from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_keys, check_settings, check_task, is_auto
+from .settings import (
+    CKPT_CFG_DICT,
+    DEFAULT_CFG_DICT_CKPT,
+    check_keys,
+    check_settings,
+    check_task,
+    is_auto,
+    is_least,
+)
 from .trainer import RTDETR, YOLO
 
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
@@ -68,7 +77,8 @@ DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= 
 KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yaml
     "checkpoint_stages": ("backbone stage numbers (stage k: output stride 2^k; yolo11n has 1-5) as a list, one stage, "
                           "'all', 'auto' (the plan with the least predicted step time that fits; needs memory_budget "
-                          "or CUDA), or [] for off", "checkpoint_stages=[2,3]"),
+                          "or CUDA), 'least' (the plan that keeps the least for this model, measured), or [] for off",
+                          "checkpoint_stages=[2,3]"),
     "checkpoint_layers": ("'head' (every layer after the backbone that stores activations), layer indices and "
                           "[first, last] ranges (one region each), parts of a layer ('2.cv1', a run '2.m.0-cv2', each "
                           "part '23.*'; nested inside other regions), any string item with ':full' or ':selective', "
@@ -339,12 +349,14 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     plans = standard_plans(model)
     loss = word(cfg.checkpoint_loss) or "none"
-    if not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's plan too
+    shape = StepShape(cfg.imgsz, batch, amp=amp)
+    if is_least(cfg.checkpoint_stages):  # the plan that keeps the least, as a run with these keys measures it
+        plans["least"] = least_keeping(unit_costs(model, shape, timed=False), batch).settings.with_loss(loss)
+    elif not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's too
         plans["yours"] = PlanSettings.from_keys(cfg).with_loss(loss)
     if loss != "none":  # the loss plan alone and with the whole network (every other row: Ultralytics' loss)
         plans[f"loss {loss}"] = PlanSettings(loss=loss)
         plans[f"all + head, loss {loss}"] = PlanSettings.of("all", layers="head", loss=loss)
-    shape = StepShape(cfg.imgsz, batch, amp=amp)
     stages = profile_stages(model, shape, progress=True)
     plans = compare_plans(model, shape, plans, progress=True)
     if not candidates:

@@ -45,13 +45,14 @@ from .run_facts import (
     loss_escalation,
     memory_fraction,
     objects,
+    planning_imgsz,
     record_settings,
     settings_of,
     step_shape,
     validation_of,
 )
 from .run_memory import smallest_device
-from .settings import is_auto
+from .settings import is_auto, is_least
 
 
 def auto_batch(trainer: Any) -> int:
@@ -64,6 +65,8 @@ def auto_batch(trainer: Any) -> int:
     device is planned for its size; any other device keeps Ultralytics' default batch.
     """
     max_num_obj, dataset_size = dataset_facts(trainer)
+    if is_least(trainer.args.checkpoint_stages):  # the plan first: the batch is AutoBatch's for it
+        least_plan(trainer, max(max_num_obj, 1), 1)
     simulated = trainer.device.type != "cuda" and device_memory(trainer.device) is not None
     if trainer.args.memory_budget is None and trainer.device.type != "cuda" and not simulated:
         LOGGER.info(f"{AUTOBATCH}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
@@ -93,10 +96,35 @@ def auto_batch(trainer: Any) -> int:
 
 
 def choose_auto_plan(trainer: Any) -> None:
-    """Resolve ``checkpoint_stages=auto`` for a fixed batch at ``on_pretrain_routine_end``: the model is on its device,
-    frozen and batched by then (AutoBatch resolves it earlier, in ``auto_batch``)."""
+    """Resolve ``checkpoint_stages=auto`` or ``least`` for a fixed batch at ``on_pretrain_routine_end``: the model is
+    on its device, frozen and batched by then (AutoBatch resolves them earlier, in ``auto_batch``)."""
     if is_auto(trainer.args.checkpoint_stages):
         auto_plan(trainer, objects(trainer))
+    elif is_least(trainer.args.checkpoint_stages):
+        least_plan(trainer, objects(trainer), max(trainer.batch_size // max(trainer.world_size, 1), 1))
+
+
+def least_plan(trainer: Any, objects: int, batch: int) -> None:
+    """Resolve ``checkpoint_stages=least`` (``RunMemory.least_plan``) for ``batch`` images (per process) with
+    ``objects`` each: record the plan in ``args`` (and args.yaml), install it, and say what to pass to train it again
+    without measuring. Under DDP rank 0 measures and every rank installs what it broadcasts."""
+    model = unwrap_model(trainer.model)
+    decision = None
+    if RANK in {-1, 0}:
+        try:
+            decision = {"keys": trainer.run_memory.least_plan(model, step_shape(trainer, objects, batch)).keys()}
+        except CheckpointConfigError as e:
+            decision = {"error": str(e)}
+    if RANK != -1:
+        decision = from_rank0(decision)
+    if "error" in decision:
+        raise CheckpointConfigError(decision["error"])
+    record_settings(trainer, decision["keys"])
+    settings = settings_of(trainer)
+    settings.install(model)
+    LOGGER.info(f"{PREFIX} checkpoint_stages=least: {settings.resolve(model).describe(settings.mode)}, the plan "
+                f"predicted to keep the least at imgsz={planning_imgsz(trainer)}, batch {batch}; to train it again "
+                f"without measuring, pass {settings}")
 
 
 def plan_validation_for_device(trainer: Any) -> None:

@@ -33,6 +33,7 @@ from ultralytics.utils import LOGGER
 from ..memory.device import DeviceMemory, device_memory
 from ..memory.step import StepShape, batch_bytes, loop_bytes
 from ..planning.autobatch import MemoryTarget, parse_memory
+from ..planning.costs import unit_costs
 from ..planning.escalation import keeps_least
 from ..planning.random_state import Generators, random_state_kept
 from ..planning.search import deepest
@@ -95,6 +96,21 @@ class RunMemory:
         target = MemoryTarget(dev.tensor_bytes(budget) if dev is not None else budget, fraction, source)
         self.target = target.share
         return target
+
+    def least_plan(self, model: nn.Module, shape: StepShape) -> PlanSettings:
+        """``checkpoint_stages=least``: the plan predicted to keep the least at ``shape`` (``search.least_keeping``
+        over each unit's measured bytes, untimed), which is also where escalation ends.
+
+        Raises:
+            CheckpointConfigError: When not even the plain step at batch 1 fits the device.
+        """
+        try:
+            with random_state_kept(Generators.TORCH):
+                costs = unit_costs(model, shape, timed=False)
+        except ValueError as e:
+            raise CheckpointConfigError(str(e).replace("checkpoint_stages=auto", "checkpoint_stages=least")) from None
+        self.escalation.measured(costs, shape.batch)
+        return self.escalation.least
 
     def batch_for_budget(self, model: nn.Module, shape: StepShape, target: MemoryTarget, described: str,
                          images: int, validation: Validation) -> int:

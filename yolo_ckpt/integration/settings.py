@@ -67,12 +67,19 @@ def check_settings(model: Any, args: dict) -> None:
                 not trains_on_cuda(args.get("device")):
             raise CheckpointConfigError("checkpoint_stages=auto needs a memory target: memory_budget=24GB (any "
                                         "device), a CUDA device (its memory) or simulate_gpu=24GB with device=cpu.")
+    if is_least(args.get("checkpoint_stages")):
+        if args.get("checkpoint_layers"):
+            raise CheckpointConfigError(f"checkpoint_layers={args['checkpoint_layers']!r}: checkpoint_stages=least "
+                                        f"chooses the layers itself. Valid: [] or nothing with least.")
+        if (word(args.get("checkpoint_mode")) or "full") != "full":
+            raise CheckpointConfigError(f"checkpoint_mode={args['checkpoint_mode']!r}: checkpoint_stages=least "
+                                        f"chooses each region's mode itself. Valid: full or nothing with least.")
     if (mode := word(args.get("checkpoint_mode")) or "full") not in MODES:
         raise CheckpointConfigError(f"checkpoint_mode={mode!r} is invalid. Valid: 'full' (recompute whole stages) or "
                                     f"'selective' (keep outputs costly to recompute, recompute the rest).")
     check_task(model, args.get("task"))
     check_loss_setting(args.get("checkpoint_loss"), args.get("task") or yaml_task(model), model_name(model))
-    if model is not None and not is_auto(args.get("checkpoint_stages")):
+    if model is not None and not (is_auto(args.get("checkpoint_stages")) or is_least(args.get("checkpoint_stages"))):
         plan = CheckpointPlan.from_spec(model, args.get("checkpoint_stages"), args.get("checkpoint_layers"))
         check_plan(plan, mode, args.get("compile"))
 
@@ -153,8 +160,13 @@ def saved_settings(ckpt: dict) -> dict[str, Any]:
 
 
 def is_auto(stages: Any) -> bool:
-    """Whether ``checkpoint_stages`` asks for the plan to be chosen (``auto``)."""
+    """Whether ``checkpoint_stages`` asks for the plan to be chosen for a memory target (``auto``)."""
     return word(stages) == "auto"
+
+
+def is_least(stages: Any) -> bool:
+    """Whether ``checkpoint_stages`` asks for the plan that keeps the least (``least``)."""
+    return word(stages) == "least"
 
 
 EXTRA_KEYS = {"augmentations", "save_dir"}  # what Ultralytics' check_dict_alignment allows beside its defaults

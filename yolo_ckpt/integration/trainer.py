@@ -51,7 +51,15 @@ from .offline import provide_fonts
 from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
 from .run_facts import settings_of
 from .run_memory import RunMemory
-from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, check_settings, is_auto, model_name, saved_settings
+from .settings import (
+    CKPT_CFG_DICT,
+    DEFAULT_CFG_DICT_CKPT,
+    check_settings,
+    is_auto,
+    is_least,
+    model_name,
+    saved_settings,
+)
 
 
 def skip_frozen_stages(trainer: Any) -> None:
@@ -133,8 +141,9 @@ class CheckpointMixin(DistributedMixin):
         """Build the Ultralytics model and install the checkpoint plan (and the loss's) on it."""
         model = super().get_model(cfg=cfg, weights=weights, verbose=verbose)
         self.install_loss_plan(model)
-        if is_auto(self.args.checkpoint_stages):
-            LOGGER.info(f"{PREFIX} auto: the plan is chosen once the device, batch and frozen layers are known")
+        if is_auto(self.args.checkpoint_stages) or is_least(self.args.checkpoint_stages):
+            LOGGER.info(f"{PREFIX} {word(self.args.checkpoint_stages)}: the plan is chosen once the device, batch and "
+                        f"frozen layers are known")
             return model
         settings = settings_of(self)
         plan, mode = settings.resolve(model), settings.mode

@@ -165,10 +165,10 @@ class Costs:
         return {**phases, LOSS: self.loss[loss]} if loss in self.loss else phases
 
 
-def _unit_phases(m: nn.Module, c: Candidate, shape: StepShape, last: int | None) -> Phases | None:
+def _unit_phases(m: nn.Module, c: Candidate, shape: StepShape, last: int | None, timed: bool = True) -> Phases | None:
     """``Phases`` of ``c``'s step of ``shape`` at batch 1 on ``m`` (planning's copy; ``c`` is installed on it) within
-    what the device has free, ``None`` when it does not fit; then, only when it fit, its step timed on the same copy
-    and batch (the same step, so the memory it needs is what was just measured within the bound)."""
+    what the device has free, ``None`` when it does not fit; then, only when it fit and ``timed``, its step timed on
+    the same copy and batch (the same step, so the memory it needs is what was just measured within the bound)."""
     c.installs.install(m)  # as ``Candidate.copy`` installs it
     room = probe_room(m).device  # step bytes the device holds for a probe now
     one = shape.at(1)
@@ -179,17 +179,18 @@ def _unit_phases(m: nn.Module, c: Candidate, shape: StepShape, last: int | None)
     if phases is None:
         return None
     # the same step again; still bounded by the device: a CUDA allocator may need more than the exact bytes
-    seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS, shape.amp)[0], device)
+    seconds = unless_oom(lambda: time_steps([m], data, TIMED_STEPS if timed else 0, shape.amp)[0], device)
     return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
 
 
-def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = ()) -> Costs:
+def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = (), timed: bool = True) -> Costs:
     """Measure the plain step and each unit alone, in each mode (its parts' too where the model's plans take modes
     per region and the unit has block layers), at batch 1 (on copies of the model), each within what the device has
     free, and time each such step that fit. With ``loss_modes`` (``install.auto_loss_modes``) every step runs
     Ultralytics' loss, and each of those loss plans is measured alone too (``Costs.loss``); without, every step runs
-    the loss plan ``model`` has. ``shape``: the steps' image size, objects per image and autocast dtype; its
-    ``batch`` is not read (units are measured at batch 1).
+    the loss plan ``model`` has. ``timed=False``: memory only, every time 0 s (for ``checkpoint_stages=least``).
+    ``shape``: the steps' image size, objects per image and autocast dtype; its ``batch`` is not read (units are
+    measured at batch 1).
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
@@ -216,7 +217,7 @@ def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = ()) -> Co
             else:
                 c = Candidate((unit,) if unit is not None else (), mode, 0, 0, head, layout=layout, loss=base)
             last = where[unit].ranges[-1][1] if unit not in (None, HEAD, LOSS) else None  # the head: backward first
-            if (phases := _unit_phases(m, c, shape, last)) is not None:
+            if (phases := _unit_phases(m, c, shape, last, timed)) is not None:
                 costs[(unit, mode)] = phases
             elif unit is None:
                 raise ValueError(f"checkpoint_stages=auto: a training step at batch 1, imgsz {shape.imgsz} does not "

@@ -30,7 +30,7 @@ def _show(spec: Any) -> str:
 def _valid_hint(stages: dict[int, tuple[int, ...]] | None = None) -> str:
     valid = ", ".join(str(k) for k in sorted(stages)) if stages else "the model's backbone stages"
     return (f"Valid: a list of distinct stage numbers from {{{valid}}}, a single stage, 'all', 'auto' (with "
-            f"memory_budget or CUDA), or [] for off.")
+            f"memory_budget or CUDA), 'least' (the plan that keeps the least), or [] for off.")
 
 
 def word(value: Any) -> Any:
