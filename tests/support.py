@@ -41,6 +41,7 @@ from yolo_ckpt.memory.step import StepShape, measure_peak, state_bytes, step_byt
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning import costs
 from yolo_ckpt.regions.families import ultralytics_class
+from yolo_ckpt.regions.install import network
 
 # Planning times each probe step (median of TIMED_STEPS) to rank plans by step time. The suite checks what planning
 # chooses against bounds and vanilla runs: in every process that imports this module (the suite, the DDP workers
@@ -130,7 +131,7 @@ def count_forwards(trainer) -> None:
     last layer of a region may not finish, but it starts. Only calls in train mode with grad enabled count (the
     forward and the recompute), not validation or EMA.
     """
-    model = unwrap_model(trainer.model)
+    model = network(trainer.model)  # distillation: the student, which trains
     trainer.forward_counts = counts = [0] * len(model.model)
     trainer.conv_counts = convs = {}  # every convolution by name: a recomputed part runs its convolutions again
 

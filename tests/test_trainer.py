@@ -352,3 +352,25 @@ def test_ddp_plans_for_the_rank_whose_gpu_has_the_least_memory(monkeypatch):
     target = memory.aim(cuda, None, 0.6)
     assert target.budget == int(30 * 2**30 / 1.1) and target.fraction == 0.6 and target.source == "cuda:1 usable memory"
     assert memory.target == target.share == int(0.6 * target.budget)
+
+
+def test_distillation_recomputes_the_students_plan_and_trains_like_vanilla_distillation(detect_data, tmp_path):
+    """Knowledge distillation (``distill_model=``: Ultralytics wraps the student in its ``DistillationModel`` once the
+    student is built): the plan is the student's, recomputed in every step (forward counts), memory measured, and the
+    run is vanilla distillation's bit for bit; last.pt loads in plain Ultralytics with safe loading where yolo_ckpt
+    cannot be imported, its student plain."""
+    teacher = tmp_path / "teacher.pt"
+    ultralytics.YOLO("yolo11n.yaml").save(teacher)
+    pair = train_pair("yolo11n.yaml", [2, 3], detect_data, tmp_path, epochs=1, imgsz=128, distill_model=str(teacher))
+    assert_same_training("yolo11n.yaml", [2, 3], *pair)
+    code = BLOCKED + f"""
+from ultralytics.utils.patches import torch_load
+ckpt = torch_load(r"{pair[1] / 'weights' / 'last.pt'}")
+model = ckpt.get("ema") or ckpt["model"]  # stripped: the EMA's weights saved as the model
+student = getattr(model, "student_model", model)
+shadows = sorted(k for k, v in vars(student).items() if callable(v) and not hasattr(v, "forward"))
+print("OK", type(model).__name__, shadows)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SAFE, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("[]"), out.stdout  # no method shadowed on the pickled student's instance

@@ -27,6 +27,8 @@ Where yolo-ckpt touches Ultralytics' private code, one module of ours for each; 
   workers inheriting the environment -> ``yolo_ckpt/integration/distributed.py``
 - the validator's module globals ``get_torch_device_backend`` and ``AutoBackend`` (``ultralytics.engine.validator``),
   patched for a CPU process group's final validation -> ``yolo_ckpt/integration/distributed.py``
+- knowledge distillation's wrapper, ``DistillationModel.student_model`` (read by attribute, not imported)
+  -> ``yolo_ckpt/regions/install.py`` (``network``)
 - ``check_font``'s lookup (config dir, matplotlib's fonts, then a download even offline)
   -> ``yolo_ckpt/integration/offline.py``
 - the AMP and ``channels_last`` choice of ``BaseTrainer._setup_train`` and the train loop's autocast dtype

@@ -25,14 +25,13 @@ import torch
 from torch import nn
 from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.utils import LOCAL_RANK, LOGGER, RANK
-from ultralytics.utils.torch_utils import unwrap_model
 
 from ..memory.device import device_memory, is_oom, release
 from ..memory.step import grad_bytes, planned_copy
 from ..planning.autobatch import parse_memory
 from ..planning.escalation import Snapshot
 from ..planning.random_state import Generators, random_state_kept
-from ..regions.install import checkpoint_mode, checkpoint_plan
+from ..regions.install import checkpoint_mode, checkpoint_plan, network
 from ..regions.loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
 from ..regions.plan import CheckpointPlan
 from ..regions.settings import VANILLA, PlanSettings
@@ -74,7 +73,7 @@ def auto_batch(trainer: Any) -> int:
     if is_auto(trainer.args.checkpoint_stages):
         return auto_plan(trainer, max(max_num_obj, 1), autobatch=True, dataset_size=dataset_size)
     model, memory = trainer.model, trainer.run_memory
-    plain = unwrap_model(model)
+    plain = network(model)
     described = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
     if loss := loss_checkpointing(plain):  # measured with the plan: the copies carry it
         described += f" + checkpoint_loss={loss}"
@@ -108,7 +107,7 @@ def least_plan(trainer: Any, objects: int, batch: int) -> None:
     """Resolve ``checkpoint_stages=least`` (``RunMemory.least_plan``) for ``batch`` images (per process) with
     ``objects`` each: record the plan in ``args`` (and args.yaml), install it, and say what to pass to train it again
     without measuring. Under DDP rank 0 measures and every rank installs what it broadcasts."""
-    model = unwrap_model(trainer.model)
+    model = network(trainer.model)
     decision = None
     if RANK in {-1, 0}:
         try:
@@ -138,7 +137,7 @@ def plan_validation_for_device(trainer: Any) -> None:
         return  # AutoBatch for a budget and ``auto`` planned validation with the training step
     if budget is None and device_memory(trainer.device) is None:
         return  # nothing bounds this run's memory: Ultralytics' own validation
-    model = unwrap_model(trainer.model)
+    model = network(trainer.model)
     shape = step_shape(trainer, objects(trainer), trainer.batch_size)
     line = memory.fit_validation(model, trainer.device, shape, validation_of(trainer), None,
                                  None if budget is None else parse_memory(budget), "validation planned for the device")
@@ -155,7 +154,7 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
     broadcasts; "nothing fits" stops every rank with the same line, and any other error on rank 0 is broadcast before
     rank 0 raises it, so that no rank waits in the broadcast until the collective times out.
     """
-    model = unwrap_model(trainer.model)
+    model = network(trainer.model)
     decision, failure = None, None
     if RANK != -1:
         trainer.run_memory.device = smallest_device(trainer.device)
@@ -228,7 +227,7 @@ def hold_batch(trainer: Any) -> None:
     """Before the loaders are built: at set-up, what escalation needs found while memory is free; in Ultralytics'
     first-epoch out-of-memory retry, which has just halved the batch, the batch put back when a plan that keeps less
     exists (``RunMemory.hold_batch``; ``escalation_point`` installs it when the epoch restarts)."""
-    memory, model = trainer.run_memory, unwrap_model(trainer.model)
+    memory, model = trainer.run_memory, network(trainer.model)
     held = memory.escalation.pipeline_batch
     if held is None:
         memory.prepare_escalation(model, checkpoint_plan(model) is not None)
@@ -248,7 +247,7 @@ def escalation_point(trainer: Any) -> None:
     state = trainer.run_memory.escalation
     if trainer.epoch != trainer.start_epoch or RANK != -1:
         return
-    model = unwrap_model(trainer.model)
+    model = network(trainer.model)
     if state.pending:
         # not a halving: Ultralytics counted it as one of its three (``_oom_retries``, private, checked against
         # ``versions.ULTRALYTICS_CHECKED``) and, being non-zero, it restarted the epoch (that decision is behind us

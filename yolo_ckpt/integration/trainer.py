@@ -29,12 +29,11 @@ from ultralytics.models import yolo
 from ultralytics.models.rtdetr.train import RTDETRTrainer as UltralyticsRTDETRTrainer
 from ultralytics.utils import LOGGER, RANK, IterableSimpleNamespace
 from ultralytics.utils.patches import torch_load
-from ultralytics.utils.torch_utils import unwrap_model
 
 from ..memory.device import SimulatedDevice
 from ..planning.autobatch import parse_memory
 from ..regions.graph import model_stages
-from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing
+from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing, enable_checkpointing, network
 from ..regions.loss.install import (
     check_loss_setting,
     disable_loss_checkpointing,
@@ -68,7 +67,7 @@ def skip_frozen_stages(trainer: Any) -> None:
     Registered for ``on_pretrain_routine_end`` (Ultralytics freezes inside ``_setup_train``, after ``get_model``) and
     called by ``auto_batch`` first, so AutoBatch measures the plan that will train.
     """
-    model = unwrap_model(trainer.model)
+    model = network(trainer.model)
     plan = checkpoint_plan(model)
     if plan is None:
         return
@@ -217,8 +216,8 @@ class CheckpointMixin(DistributedMixin):
             finally:
                 for model in (self.model, getattr(self.ema, "ema", None)):  # first: nothing below may skip this
                     if isinstance(model, nn.Module):
-                        disable_checkpointing(unwrap_model(model))
-                        disable_loss_checkpointing(unwrap_model(model))
+                        disable_checkpointing(network(model))
+                        disable_loss_checkpointing(network(model))
                 close_epoch_memory(self)
         if error := reported_by_workers(self):
             remove_created_dir(self)
@@ -263,8 +262,8 @@ class CheckpointMixin(DistributedMixin):
         Once saved, the EMA gets the run's loss plan back: the validator computes its losses on it, every epoch.
         """
         ema = self.ema.ema
-        disable_checkpointing(ema)
-        disable_loss_checkpointing(ema)
+        disable_checkpointing(network(ema))  # network: distillation's student, inside Ultralytics' wrapper
+        disable_loss_checkpointing(network(ema))
         linked = getattr(ema, "args", None)  # the trainer's args object itself (detect tasks), or none (classify)
         ours = {**{k: getattr(self.args, k) for k in CKPT_CFG_DICT}, **launch_record(self)}  # + world size, resume
         base = {} if linked is None else linked if isinstance(linked, dict) else vars(linked)
@@ -278,7 +277,7 @@ class CheckpointMixin(DistributedMixin):
             else:
                 ema.args = linked
             # the validator computes its losses on the EMA: under the run's loss plan, as training computes them
-            enable_loss_checkpointing(ema, loss_checkpointing(unwrap_model(self.model)) or "none")
+            enable_loss_checkpointing(network(ema), loss_checkpointing(network(self.model)) or "none")
 
     def auto_batch(self) -> int:
         """AutoBatch for the checkpointed model (``memory_hooks.auto_batch``), after dropping the frozen stages from the

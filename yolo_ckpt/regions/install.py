@@ -267,6 +267,17 @@ def _shadow(module: nn.Module, fn: Callable[..., Any], *args: Any) -> None:
     module.forward = partial(fn, module, module.__dict__.get("forward"), *args)
 
 
+def network(model: nn.Module) -> nn.Module:
+    """The Ultralytics task model a plan goes on, inside what wraps it in training: DDP's (or DataParallel's)
+    ``module``, and knowledge distillation's student (``distill_model=``: Ultralytics wraps the student in a
+    ``DistillationModel`` whose ``student_model`` it trains, 8.4.190; the teacher runs without gradients, so a plan on
+    it would keep nothing less)."""
+    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        model = model.module
+    student = getattr(model, "student_model", None)
+    return student if isinstance(student, nn.Module) else model
+
+
 def check_plan(plan: CheckpointPlan, mode: str, compile: Any = False) -> None:
     """Raise the one-line error for a run of a layer's own parts (``Region.siblings``) that cannot run as asked: it is
     recomputed ``full`` only (its recompute serves the other parts from the forward, which a selective cache, matched

@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 from ultralytics.utils import LOGGER, WINDOWS, colorstr
-from ultralytics.utils.torch_utils import unwrap_model
 
 from ..memory.step import StepShape
-from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing
+from ..regions.install import checkpoint_mode, checkpoint_plan, disable_checkpointing, network
 from ..regions.loss.install import disable_loss_checkpointing, loss_checkpointing
 from ..regions.plan import CheckpointPlan
 from ..regions.recompute import Mode
@@ -78,7 +77,7 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
     """
     if not getattr(trainer.args, "checkpoint_compare", False):
         return None
-    model = unwrap_model(trainer.model)
+    model = network(trainer.model)
     plan, mode, loss = checkpoint_plan(model) or CheckpointPlan(), checkpoint_mode(model), loss_checkpointing(model)
     if not plan.regions and loss is None:
         LOGGER.info(f"{PREFIX} compare: nothing was recomputed in this run")
