@@ -59,6 +59,7 @@ from ..report.profiler import compare_plans, profile_stages, standard_plans, wri
 from ..report.summary import training_formats
 from ..report.tradeoff import tradeoffs
 from ..versions import ULTRALYTICS_CHECKED, ULTRALYTICS_RANGE, __version__, torchvision_error
+from .multitrain import is_several
 from .offline import provide_fonts
 from .settings import (
     CKPT_CFG_DICT,
@@ -236,7 +237,14 @@ def train(args: list[str]) -> None:
         overrides["data"] = str(synthetic_dataset(model.task, variant=variant))
         missing = "" if data else "'data' argument is missing. "
         LOGGER.info(f"{missing}Using the embedded synthetic dataset 'data={overrides['data']}'.")
-    model.train(**overrides)
+    metrics = model.train(**overrides)
+    if is_several(data) and (failed := [name for name, m in (metrics or {}).items() if m is None]):
+        raise DatasetsFailed(f"{len(failed)} of {len(data)} datasets did not train: {', '.join(failed)} (each one's "
+                             f"error is above); the others' runs are saved")
+
+
+class DatasetsFailed(RuntimeError):
+    """Some of several datasets did not train (each one's error was logged as it failed): the command exits 1."""
 
 
 def model_class(model: object) -> type:
@@ -285,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         if RANK in {-1, 0}:  # under torchrun every rank stops with the same line; rank 0 shows it
             print(f"yolo-ckpt: error: {e}", file=sys.stderr)
         return 2
+    except DatasetsFailed as e:
+        print(f"yolo-ckpt: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

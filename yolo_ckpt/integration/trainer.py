@@ -42,7 +42,7 @@ from ..regions.loss.install import (
 )
 from ..regions.spec import CheckpointConfigError, word
 from ..report.summary import PREFIX, compare_with_vanilla
-from . import memory_hooks
+from . import memory_hooks, multitrain
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, close_epoch_memory, plot_memory, validation_memory
 from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device
@@ -372,7 +372,18 @@ TRAINERS = {
 }
 
 
-class YOLO(ultralytics.YOLO):
+class SeveralDatasets:
+    """``Model.train`` for our model classes: several datasets (``data=[...]``) train one by one in this process,
+    each with the run's plan (``yolo_ckpt.integration.multitrain``); one dataset trains as Ultralytics trains it."""
+
+    def train(self, trainer: Any = None, **kwargs: Any) -> Any:
+        """Train like Ultralytics' ``Model.train``, several datasets each with our trainer."""
+        if multitrain.is_several(kwargs.get("data")):
+            return multitrain.train(self, super().train, trainer or self.task_map[self.task]["trainer"], kwargs)
+        return super().train(trainer=trainer, **kwargs)
+
+
+class YOLO(SeveralDatasets, ultralytics.YOLO):
     """``ultralytics.YOLO`` whose ``train()`` uses the checkpointing trainer of the model's task.
 
     Examples:
@@ -392,7 +403,7 @@ class YOLO(ultralytics.YOLO):
         return {task: {**v, "trainer": TRAINERS.get(task, v["trainer"])} for task, v in super().task_map.items()}
 
 
-class RTDETR(ultralytics.RTDETR):
+class RTDETR(SeveralDatasets, ultralytics.RTDETR):
     """``ultralytics.RTDETR`` whose ``train()`` uses ``RTDETRTrainer`` (checkpointing).
 
     Examples:
