@@ -29,6 +29,8 @@ Where yolo-ckpt touches Ultralytics' private code, one module of ours for each; 
   patched for a CPU process group's final validation -> ``yolo_ckpt/integration/distributed.py``
 - knowledge distillation's wrapper, ``DistillationModel.student_model`` (read by attribute, not imported)
   -> ``yolo_ckpt/regions/install.py`` (``network``)
+- the command ``MultiTrainer`` trains each tuning iteration with, ``ultralytics.engine.trainer._YOLO_CLI_COMMAND``
+  (``python -m yolo_ckpt`` for the tuning call) -> ``yolo_ckpt/integration/tuning.py``
 - ``check_font``'s lookup (config dir, matplotlib's fonts, then a download even offline)
   -> ``yolo_ckpt/integration/offline.py``
 - the AMP and ``channels_last`` choice of ``BaseTrainer._setup_train`` and the train loop's autocast dtype

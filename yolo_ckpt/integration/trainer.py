@@ -42,7 +42,7 @@ from ..regions.loss.install import (
 )
 from ..regions.spec import CheckpointConfigError, word
 from ..report.summary import PREFIX, compare_with_vanilla
-from . import memory_hooks, multitrain
+from . import memory_hooks, multitrain, tuning
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, close_epoch_memory, plot_memory, validation_memory
 from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device
@@ -372,9 +372,10 @@ TRAINERS = {
 }
 
 
-class SeveralDatasets:
-    """``Model.train`` for our model classes: several datasets (``data=[...]``) train one by one in this process,
-    each with the run's plan (``yolo_ckpt.integration.multitrain``); one dataset trains as Ultralytics trains it."""
+class EveryPath:
+    """``Model.train`` and ``Model.tune`` for our model classes: several datasets (``data=[...]``) train one by one
+    in this process, each with the run's plan (``yolo_ckpt.integration.multitrain``); tuning trains every iteration
+    with it (``yolo_ckpt.integration.tuning``); everything else as Ultralytics does it."""
 
     def train(self, trainer: Any = None, **kwargs: Any) -> Any:
         """Train like Ultralytics' ``Model.train``, several datasets each with our trainer."""
@@ -382,8 +383,14 @@ class SeveralDatasets:
             return multitrain.train(self, super().train, trainer or self.task_map[self.task]["trainer"], kwargs)
         return super().train(trainer=trainer, **kwargs)
 
+    def tune(self, use_ray: bool = False, iterations: int = 10, *args: Any, **kwargs: Any) -> Any:
+        """Tune like Ultralytics' ``Model.tune``; with our keys, every iteration trains with the plan."""
+        if tuning.our_keys(kwargs):
+            return tuning.tune(self, use_ray, iterations, args, kwargs)
+        return super().tune(use_ray, iterations, *args, **kwargs)
 
-class YOLO(SeveralDatasets, ultralytics.YOLO):
+
+class YOLO(EveryPath, ultralytics.YOLO):
     """``ultralytics.YOLO`` whose ``train()`` uses the checkpointing trainer of the model's task.
 
     Examples:
@@ -403,7 +410,7 @@ class YOLO(SeveralDatasets, ultralytics.YOLO):
         return {task: {**v, "trainer": TRAINERS.get(task, v["trainer"])} for task, v in super().task_map.items()}
 
 
-class RTDETR(SeveralDatasets, ultralytics.RTDETR):
+class RTDETR(EveryPath, ultralytics.RTDETR):
     """``ultralytics.RTDETR`` whose ``train()`` uses ``RTDETRTrainer`` (checkpointing).
 
     Examples:
