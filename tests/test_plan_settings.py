@@ -3,7 +3,9 @@ reads back, and installs the regions ``CheckpointPlan.from_spec`` resolves."""
 
 import shlex
 
+import numpy as np
 import pytest
+import torch
 
 from yolo_ckpt.integration.cli import parse_train_args
 from yolo_ckpt.memory.step import build_model
@@ -12,6 +14,7 @@ from yolo_ckpt.regions.loss.install import loss_checkpointing
 from yolo_ckpt.regions.plan import CheckpointPlan
 from yolo_ckpt.regions.recompute import Mode
 from yolo_ckpt.regions.settings import PlanSettings
+from yolo_ckpt.regions.spec import CheckpointConfigError
 
 SPELLINGS = [  # each group: one plan, written the ways Python and the CLI take it
     [PlanSettings.of([2, 3]), PlanSettings.of((3, 2)), PlanSettings.of([3, 2], "FULL"),
@@ -56,3 +59,46 @@ def test_a_plan_installs_what_from_spec_resolves():
             assert loss_checkpointing(model) == plan.loss
         finally:
             disable_checkpointing(model)
+
+
+PYTHON_SPELLINGS = [  # (Python value, the command line's token): the same meaning
+    ("checkpoint_stages", range(2, 4), "[2,3]"),
+    ("checkpoint_stages", np.array([2, 3]), "[2,3]"),
+    ("checkpoint_stages", torch.tensor([3, 2]), "[3,2]"),
+    ("checkpoint_stages", np.int64(3), "3"),
+    ("checkpoint_stages", (3, 2), "(3,2)"),
+    ("checkpoint_stages", "[2, 3]", "[2,3]"),
+    ("checkpoint_stages", " All ", "all"),
+    ("checkpoint_layers", np.array([13, 16]), "[13,16]"),
+    ("checkpoint_layers", [np.int64(13), "16:selective"], "[13,'16:selective']"),
+    ("checkpoint_layers", [[np.int64(13), 15], 22], "[[13,15],22]"),
+]
+REFUSED = [  # neither accepts these: the same one line
+    ("checkpoint_stages", np.float64(2.5), "2.5"),
+    ("checkpoint_stages", np.array([2, 2]), "[2,2]"),
+    ("checkpoint_stages", range(0, 2), "[0,1]"),
+    ("checkpoint_layers", [np.array([16, 13])], "[[16,13]]"),  # a range that ends before it starts
+]
+
+
+@pytest.mark.parametrize("key,value,token", PYTHON_SPELLINGS)
+def test_python_spellings_mean_what_the_command_line_means(key, value, token):
+    """numpy and torch integers and arrays, ranges, tuples and strings holding lists: the plan Python's value makes is
+    the plan the command line's token makes (read by ``yolo-ckpt train``'s own parser), resolved on the model."""
+    cli = parse_train_args(["train", f"{key}={token}"])
+    python, command = PlanSettings.from_keys({key: value}), PlanSettings.from_keys(cli)
+    assert python == command and hash(python) == hash(command)
+    model = build_model("yolo11n.yaml")
+    assert python.resolve(model) == command.resolve(model)
+
+
+@pytest.mark.parametrize("key,value,token", REFUSED)
+def test_what_neither_accepts_is_the_same_one_line(key, value, token):
+    from yolo_ckpt.integration.settings import check_settings
+
+    def line(v) -> str:
+        with pytest.raises(CheckpointConfigError) as e:
+            check_settings("yolo11n.yaml", {key: v})
+        return str(e.value)
+
+    assert line(value) == line(parse_train_args(["train", f"{key}={token}"])[key]) and "\n" not in line(value)

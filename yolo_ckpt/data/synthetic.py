@@ -30,7 +30,7 @@ Examples:
     >>> from ultralytics import YOLO
     >>> from yolo_ckpt.data.synthetic import synthetic_dataset
     >>> data = synthetic_dataset("detect")  # .../synthetic_hr-v1-<hash>/detect/data.yaml, generated on first use
-    >>> YOLO("yolo11n.yaml").train(data=str(data), epochs=1, imgsz=1024, batch=2)
+    >>> YOLO("yolo11n.yaml").train(data=str(data), epochs=1, imgsz=1024, batch=2)  # doctest: +SKIP
     >>> synthetic_dataset("classify")  # a directory with train/<class>/*.png and val/<class>/*.png
     >>> synthetic_dataset("segment", variant="synthetic_medical")  # .../synthetic_medical-v1-<hash>/segment/data.yaml
 """

@@ -24,7 +24,7 @@ from ..regions.install import check_plan
 from ..regions.loss.install import check_loss_setting
 from ..regions.plan import CheckpointPlan
 from ..regions.recompute import MODES
-from ..regions.spec import CheckpointConfigError, word
+from ..regions.spec import CheckpointConfigError, plain, word
 from ..versions import torchvision_error
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
@@ -43,6 +43,7 @@ def check_settings(model: Any, args: dict) -> None:
         CheckpointConfigError: For a model family yolo-ckpt cannot train, invalid stages of this model, an unknown
             mode or an unreadable memory budget.
     """
+    args = {**args, **{k: plain(args[k]) for k in ("checkpoint_stages", "checkpoint_layers") if k in args}}
     if error := torchvision_error():  # else the first validation ends the run in torchvision's NMS
         raise CheckpointConfigError(error)
     if model is not None:

@@ -40,7 +40,7 @@ from ..regions.loss.install import (
     enable_loss_checkpointing,
     loss_checkpointing,
 )
-from ..regions.spec import CheckpointConfigError, word
+from ..regions.spec import CheckpointConfigError, plain, word
 from ..report.summary import PREFIX, compare_with_vanilla
 from . import memory_hooks, multitrain, tuning
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
@@ -125,6 +125,8 @@ class CheckpointMixin(DistributedMixin):
             saved = saved_settings(torch_load(self.args.resume, map_location="cpu"))
             for k, default in CKPT_CFG_DICT.items():
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
+        for k in ("checkpoint_stages", "checkpoint_layers"):  # Python's spellings (numpy, range) as the CLI's, so
+            setattr(self.args, k, plain(getattr(self.args, k)))  # that args.yaml and last.pt hold plain values
         check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
         self.args.checkpoint_mode = word(self.args.checkpoint_mode)  # what the recompute and args.yaml get
         # rank 0 of torchrun chose the directory; Ultralytics' own launcher's parent created it for its workers

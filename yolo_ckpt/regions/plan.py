@@ -3,8 +3,8 @@
 Examples:
     >>> from ultralytics.nn.tasks import DetectionModel
     >>> model = DetectionModel("yolo11n.yaml", verbose=False)
-    >>> CheckpointPlan.from_spec(model, [2, 3, 4]).regions  # layer 2's output feeds only layer 3: one region
-    (Region(stages=(2, 3), layers=(1, 2, 3, 4)), Region(stages=(4,), layers=(5, 6)))
+    >>> [(r.stages, r.layers) for r in CheckpointPlan.from_spec(model, [2, 3, 4]).regions]  # 2 feeds only 3
+    [((2, 3), (1, 2, 3, 4)), ((4,), (5, 6))]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and hashes by value, says itself in the exact keys a user would pass (``str``), 
 Examples:
     >>> s = PlanSettings.of([3, 2], "selective", "head")
     >>> str(s)
-    'checkpoint_stages=[2,3] checkpoint_layers=head checkpoint_mode=selective'
+    '"checkpoint_stages=[2,3]" checkpoint_layers=head checkpoint_mode=selective'
     >>> s == PlanSettings.of((2, 3), "SELECTIVE", "head"), s.keys()["checkpoint_stages"]
     (True, [2, 3])
 """
@@ -27,7 +27,7 @@ from .install import enable_checkpointing
 from .loss.install import enable_loss_checkpointing
 from .plan import CheckpointPlan
 from .recompute import Mode
-from .spec import unquoted, word
+from .spec import plain, unquoted, word
 
 KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode", "checkpoint_loss")
 
@@ -80,7 +80,7 @@ class PlanSettings:
         """The value of any spelling the keys take (``[2, 3]``, ``(3, 2)``, ``3``, ``"all"``, ``None``; ``"head"``,
         ``[[13, 16], 22]``; ``"Selective"``), validated only as far as the spelling goes: resolving it on a model
         (``resolve``) checks the rest."""
-        stages = _frozen(word(stages))
+        stages, layers = _frozen(word(plain(stages))), plain(layers)
         stages = () if stages in (None, ()) else stages if isinstance(stages, (tuple, str)) else (stages,)
         if isinstance(stages, tuple) and all(isinstance(k, int) and not isinstance(k, bool) for k in stages):
             stages = tuple(sorted(stages))

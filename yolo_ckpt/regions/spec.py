@@ -2,11 +2,13 @@
 
 Examples:
     >>> parse_stage_spec((3, 2)), parse_layer_spec("2.*")
-    ([2, 3], [Span(2, 2, '*')])
+    ([2, 3], [Span(first=2, last=2, parts='*', mode=None)])
 """
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
 from typing import Any, NamedTuple
 
@@ -39,6 +41,42 @@ def word(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
+def plain(value: Any) -> Any:
+    """A key's value as Ultralytics' command line hands it over, whatever Python spelling it came in: numpy and torch
+    integers as ``int`` (floats as ``float``); ranges, numpy arrays and tensors as lists (their items likewise; lists
+    and tuples keep their type); a string that holds a list, a tuple or a number read as Ultralytics' CLI reads it
+    (``"[2, 3]"``, ``"3"``). Every other value is returned as it is, for the grammar to accept or refuse in one line,
+    the same line whichever way it was written.
+
+    Examples:
+        >>> plain(range(2, 4)), plain("[2, 3]"), plain(" 3 "), plain((3, 2)), plain("all")
+        ([2, 3], [2, 3], 3, (3, 2), 'all')
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith(("[", "(")) or text.isdigit():
+            try:
+                return plain(ast.literal_eval(text))
+            except (ValueError, SyntaxError):  # "[2.*, 23.cv2.0]", unquoted: ``unquoted`` reads it
+                return value
+        return value
+    if value is None or isinstance(value, (bool, dict)):
+        return value
+    if isinstance(value, float):  # numpy's float64 is one: shown as the command line shows it
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, torch tensors
+        return plain(value.tolist())
+    if hasattr(value, "__index__"):  # any other integer type
+        return operator.index(value)
+    if isinstance(value, range):
+        return list(value)
+    return value
+
+
 def parse_stage_spec(spec: Any) -> list[int] | None:
     """Check the form of a ``checkpoint_stages`` value without a model.
 
@@ -55,6 +93,7 @@ def parse_stage_spec(spec: Any) -> list[int] | None:
         >>> parse_stage_spec(3), parse_stage_spec((3, 2)), parse_stage_spec("all"), parse_stage_spec(None)
         ([3], [2, 3], None, [])
     """
+    spec = plain(spec)
     if spec is None:
         return []
     if word(spec) == "all":
@@ -141,11 +180,14 @@ def parse_layer_spec(spec: Any) -> list[Span] | None:
         CheckpointConfigError: For anything else, and for layer regions that overlap.
 
     Examples:
-        >>> parse_layer_spec([22, [13, 15], "16:selective"]), parse_layer_spec("head"), parse_layer_spec(None)
-        ([Span(13, 15), Span(16, 16, None, 'selective'), Span(22, 22)], None, [])
+        >>> [(s.first, s.last, s.mode) for s in parse_layer_spec([22, [13, 15], "16:selective"])]
+        [(13, 15, None), (16, 16, 'selective'), (22, 22, None)]
+        >>> parse_layer_spec("head"), parse_layer_spec(None)
+        (None, [])
         >>> parse_layer_spec(["2.m.0-cv2", "23.*"])
-        [Span(2, 2, ('m.0', 'cv2')), Span(23, 23, '*')]
+        [Span(first=2, last=2, parts=('m.0', 'cv2'), mode=None), Span(first=23, last=23, parts='*', mode=None)]
     """
+    spec = plain(spec)
     if spec is None:
         return []
     if word(spec) == "head":
