@@ -439,3 +439,18 @@ def test_least_with_a_plan_of_its_own_is_one_line(extra, line):
     with pytest.raises(CheckpointConfigError, match=f"^{re.escape(line)}$"):
         check_settings("yolo11n.yaml", {"checkpoint_stages": "LEAST", **extra})
     check_settings("yolo11n.yaml", {"checkpoint_stages": " Least "})  # the case rule of every word value
+
+
+def test_a_cfg_file_with_our_keys_trains_its_plan(detect_data, tmp_path):
+    """``yolo-ckpt train cfg=my.yaml``, the file holding our keys beside Ultralytics' (as ``yolo train cfg=`` takes a
+    custom default.yaml): the plan of the file trains (its recompute line in the log, and the run's own args.yaml),
+    not vanilla; a key on the command line wins over the file's."""
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text(yaml.safe_dump({"model": "yolo11n.yaml", "data": detect_data, "imgsz": 64, "epochs": 1, "batch": 4,
+                                   "workers": 0, "plots": False, "checkpoint_stages": [2, 3],
+                                   "checkpoint_mode": "selective"}))
+    rc, text = as_user(["train", f"cfg={cfg}", "checkpoint_mode=full", f"project={tmp_path / 'runs'}", "name=r"])
+    assert rc == 0, text[-3000:]
+    assert "stage 2 (P2/4) layers [1, 2]: Conv, C3k2, recomputed as one region with stages [2, 3]" in text
+    saved = yaml.safe_load((tmp_path / "runs" / "r" / "args.yaml").read_text())
+    assert saved["checkpoint_stages"] == [2, 3] and saved["checkpoint_mode"] == "full"
