@@ -2,6 +2,7 @@
 
 import copy
 import json
+import shlex
 import subprocess
 import sys
 
@@ -258,3 +259,22 @@ def test_saved_bytes_of_a_stage_follow_the_runs_autocast(mini):
     fp32 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, StepShape(256, 2))}
     bf16 = {r["stage"]: r["saved_MiB_vanilla"] for r in profile_stages(mini, StepShape(256, 2, amp=torch.bfloat16))}
     assert fp32.keys() == bf16.keys() and all(0 < bf16[k] < fp32[k] for k in fp32), (fp32, bf16)
+
+
+def test_the_console_table_fits_and_ends_with_the_command_of_the_least_plan(mini):
+    """``profile``'s console: one compact table within 120 columns (``fits`` only where something bounds the steps),
+    then the plan that keeps the least as the command that trains it, its keys read back by ``yolo-ckpt train``'s
+    own parser into the very plan measured."""
+    from yolo_ckpt.integration.cli import parse_train_args, plans_table, recommendation
+
+    plans = {"none": PlanSettings(), "[2]": PlanSettings.of([2]), "all + head": PlanSettings.of("all", layers="head")}
+    rows = compare_plans(mini, StepShape(64, 2), plans, repeats=1)
+    for budget in (False, True):
+        lines = plans_table(rows, budget)
+        assert len(lines) == 1 + len(plans) and max(map(len, lines)) <= 120 and ("fits" in lines[0]) is budget
+    line = recommendation(rows, "yolo-ckpt train model=mini.yaml")
+    best = min(rows[1:], key=lambda r: r["peak_ratio"])
+    assert line.startswith(f"the least memory of these plans, {best['plan']} (") and best["peak_ratio"] < 1
+    keys = parse_train_args(["train", *shlex.split(line.split("yolo-ckpt train ", 1)[1])])
+    assert PlanSettings.from_keys(keys) == plans[best["plan"]]
+    assert recommendation(rows[:1], "yolo-ckpt train") is None  # vanilla alone: nothing to recommend

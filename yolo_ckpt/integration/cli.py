@@ -331,17 +331,43 @@ def profile(args: list[str], costs: Costs | None = None, candidates: bool = True
                                                  f"{gpu.max_memory_allocated() / 2**20:.1f} MiB of "
                                                  f"{gpu.limit / 2**20:.1f} MiB")
     LOGGER.info(f"\n{colorstr('profile:')} {model_name} imgsz={cfg.imgsz} batch={batch}, one training step each")
-    front = [r for r in extra.get("candidates", []) if r["pareto"]]
-    for rows in (r for r in (stages, plans, front, extra.get("untouchable")) if r):
-        keys = list({k: None for r in rows for k in r})  # every row's keys: auto's choice has one more
-        LOGGER.info("  ".join(f"{k:>14}" for k in keys))
-        for r in rows:  # a figure not measured (the step did not fit the device) shows as "-"
-            LOGGER.info("  ".join(f"{'-' if r.get(k) is None else str(r[k]):>14}" for k in keys))
+    for line in plans_table(plans, budget=cfg.memory_budget is not None or cfg.simulate_gpu is not None):
+        LOGGER.info(f"  {line}")
     for line in extra.get("notes", []):
         LOGGER.info(f"{colorstr('profile:')} {line}")
     paths = write_profile(get_save_dir(cfg), stages, plans, extra)
-    LOGGER.info(f"{colorstr('profile:')} results saved to {paths[0].parent}")
+    LOGGER.info(f"{colorstr('profile:')} every figure (stages, candidates, what no plan touches) saved to "
+                f"{paths[0].parent}")
+    if line := recommendation(plans, f"yolo-ckpt train model={model_name} imgsz={cfg.imgsz} batch={batch}"):
+        LOGGER.info(f"{colorstr('profile:')} {line}")
     return paths
+
+
+def plans_table(rows: list[dict], budget: bool) -> list[str]:
+    """``profile``'s console table, one line per plan: peak MiB, and memory, FLOPs and step time as multiples of
+    vanilla's; ``fits`` only where a budget or device bounds the steps. The raw columns are in the saved files."""
+    def cell(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    head = f"{'plan':<34}{'peak MiB':>10}{'x vanilla':>11}{'FLOPs x':>9}{'time x':>8}" + ("   fits" if budget else "")
+    lines = [head]
+    for r in rows:  # a figure not measured (the step did not fit the device) shows as "-"
+        name = r["plan"] if len(r["plan"]) <= 33 else r["plan"][:32] + "…"
+        lines.append(f"{name:<34}{cell(r['peak_MiB'], '.1f'):>10}{cell(r['peak_ratio'], '.3f'):>11}"
+                     f"{cell(r['flops_ratio'], '.3f'):>9}{cell(r['time_ratio'], '.2f'):>8}"
+                     + (f"{'yes' if r['fits'] else 'no':>7}" if budget else ""))
+    return lines
+
+
+def recommendation(rows: list[dict], command: str) -> str | None:
+    """The plan of ``rows`` that keeps the least, as the command that trains it, or ``None`` when no plan keeps less
+    than vanilla."""
+    measured = [r for r in rows[1:] if r["fits"] and r["peak_ratio"] is not None and r["peak_ratio"] < 1]
+    if not measured:
+        return None
+    best = min(measured, key=lambda r: (r["peak_ratio"], r["flops_ratio"]))
+    return (f"the least memory of these plans, {best['plan']} ({best['peak_ratio']:.2f}x vanilla's step, "
+            f"{best['time_ratio'] or 0:.2f}x its time): {command} {best['keys']}")
 
 
 def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:

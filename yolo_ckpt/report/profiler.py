@@ -67,6 +67,7 @@ def compare_plans(model: nn.Module, shape: StepShape, plans: dict[str, PlanSetti
             "stages": PlanSettings.of(plans[name].stages).resolve(model).stages,
             "layers": PlanSettings.of(layers=plans[name].layers).resolve(model).layer_spec(),
             "mode": plans[name].mode.value,
+            "keys": str(plans[name]),  # what to pass to yolo-ckpt train for this plan
             "fits": fit is not None,
             "peak_MiB": mib(peak),
             "GFLOPs": None if flops is None else round(flops / 1e9, 2),
