@@ -56,14 +56,18 @@ def training_formats(args: Any, device: Any, amp: bool | None = None) -> tuple[t
 
 
 def run_peak(csv_file: Any) -> tuple[str, float] | None:
-    """The first ``mem/*`` column of results.csv and its largest value over the epochs, or ``None``."""
+    """The run's peak in results.csv: the first ``mem/*`` column (the epochs') and its validation twin
+    (``mem/val_peak_*``), their largest value, and the epochs' column name; ``None`` when nothing was measured."""
     try:
         with open(csv_file, newline="") as f:
             rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
     except FileNotFoundError:
         return None
     key = next((k for k in (rows[0] if rows else {}) if k.startswith("mem/")), None)
-    values = [float(r[key]) for r in rows if key and r.get(key)] if key else []
+    if key is None:
+        return None
+    columns = (key, key.replace("mem/", "mem/val_", 1))
+    values = [float(r[k]) for r in rows for k in columns if r.get(k)]
     values = [v for v in values if math.isfinite(v)]
     return (key, max(values)) if values else None
 
@@ -108,17 +112,18 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
 
 
 def summary_lines(rows: list[dict], peak: tuple[str, float] | None) -> list[str]:
-    """The summary table (vanilla, this run's plan) and the run's peak next to what vanilla would have needed."""
+    """One small table (vanilla, this run's plan: step peak, and memory, FLOPs and step time as multiples of
+    vanilla's) and one sentence: the run's peak next to what vanilla would have needed, and what that cost."""
     vanilla, ours = rows
-    lines = [f"  {'plan':<36}{'step peak MiB':>15}{'x vanilla':>11}{'FLOPs':>9}{'step time':>11}"]
+    lines = [f"  {'plan':<36}{'step peak MiB':>15}{'x vanilla':>11}{'FLOPs x':>9}{'time x':>8}"]
     for r in rows:
-        lines.append(f"  {r['plan']:<36}{r['peak_MiB']:>15.1f}{r['peak_ratio']:>10.3f}x{r['flops_ratio']:>8.3f}x"
-                     f"{r['time_ratio']:>10.3f}x")
-    saved = (vanilla["peak_MiB"] - ours["peak_MiB"]) / 1024
-    if peak is not None:  # the run's whole peak (weights, EMA, optimizer, activations) and the step's difference
-        key, gb = peak
-        lines.append(f"this run peaked at {gb:.3f} GB ({key} in results.csv); without checkpointing it would need "
-                     f"about {gb + saved:.3f} GB ({(gb + saved) / gb:.2f}x: the measured step difference added)")
-    lines.append(f"the recompute cost {ours['flops_ratio'] - 1:+.1%} FLOPs and {ours['time_ratio'] - 1:+.1%} step time "
-                 f"for {1 - ours['peak_ratio']:.1%} less step memory")
-    return lines
+        name = r["plan"] if len(r["plan"]) <= 35 else r["plan"][:34] + "…"
+        lines.append(f"  {name:<36}{r['peak_MiB']:>15.1f}{r['peak_ratio']:>11.3f}{r['flops_ratio']:>9.3f}"
+                     f"{r['time_ratio']:>8.2f}")
+    cost = f"for {ours['time_ratio'] - 1:+.0%} step time"
+    if peak is None:
+        return [*lines, f"checkpointing kept {1 - ours['peak_ratio']:.0%} less step memory {cost}"]
+    key, gb = peak  # the run's whole peak (weights, EMA, optimizer, activations, validation)
+    without = gb + (vanilla["peak_MiB"] - ours["peak_MiB"]) / 1024  # plus the measured step difference
+    return [*lines, f"this run peaked at {gb:.3f} GB over its epochs and validations ({key} and its val twin in "
+                    f"results.csv); vanilla would need about {without:.3f} GB: {1 - gb / without:.0%} less {cost}"]
