@@ -112,13 +112,14 @@ def test_dry_runs_run_once_per_architecture(monkeypatch):
 
 @pytest.mark.parametrize(
     "spec, expected",
-    [(None, []), ([], []), (3, [3]), ([3, 2], [2, 3]), ((1, 5), [1, 5]), ("all", None), ("ALL", None)],
+    [(None, []), ([], []), (3, [3]), ([3, 2], [2, 3]), ((1, 5), [1, 5]), ("all", None), ("ALL", None),
+     ("2", [2]), ("[3, 2]", [2, 3])],  # a string holding a value means what the command line's token means
 )
 def test_parse_valid_specs(spec, expected):
     assert parse_stage_spec(spec) == expected
 
 
-@pytest.mark.parametrize("spec", [0, -1, [2, 2], 2.0, [2, 3.5], "two", "2", {"a": 1}, [[2]], True, [2, None]])
+@pytest.mark.parametrize("spec", [0, -1, [2, 2], 2.0, [2, 3.5], "two", ["2"], {"a": 1}, [[2]], True, [2, None]])
 def test_parse_invalid_specs(spec):
     with pytest.raises(CheckpointConfigError) as e:
         CheckpointPlan.from_spec("yolo11n.yaml", spec)

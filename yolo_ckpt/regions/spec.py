@@ -42,34 +42,39 @@ def word(value: Any) -> Any:
 
 
 def plain(value: Any) -> Any:
-    """A key's value as Ultralytics' command line hands it over, whatever Python spelling it came in: numpy and torch
-    integers as ``int`` (floats as ``float``); ranges, numpy arrays and tensors as lists (their items likewise; lists
-    and tuples keep their type); a string that holds a list, a tuple or a number read as Ultralytics' CLI reads it
-    (``"[2, 3]"``, ``"3"``). Every other value is returned as it is, for the grammar to accept or refuse in one line,
-    the same line whichever way it was written.
+    """A key's value as Ultralytics' command line hands it over, whatever Python spelling it came in: a string that
+    holds a list, a tuple or a number read as the command line reads a whole value (``"[2, 3]"``, ``"3"``); numpy and
+    torch integers as ``int`` (floats as ``float``); ranges, numpy arrays and tensors as lists, their items likewise
+    (strings inside a list stay strings, as inside the command line's list). Every other value is returned as it is,
+    for the grammar to accept or refuse in one line, the same line whichever way it was written.
 
     Examples:
-        >>> plain(range(2, 4)), plain("[2, 3]"), plain(" 3 "), plain((3, 2)), plain("all")
-        ([2, 3], [2, 3], 3, (3, 2), 'all')
+        >>> plain(range(2, 4)), plain("[2, 3]"), plain(" 3 "), plain((3, 2)), plain("all"), plain(["10", 13])
+        ([2, 3], [2, 3], 3, (3, 2), 'all', ['10', 13])
     """
     if isinstance(value, str):
         text = value.strip()
         if text.startswith(("[", "(")) or text.isdigit():
             try:
-                return plain(ast.literal_eval(text))
+                return _plain_item(ast.literal_eval(text))
             except (ValueError, SyntaxError):  # "[2.*, 23.cv2.0]", unquoted: ``unquoted`` reads it
                 return value
         return value
-    if value is None or isinstance(value, (bool, dict)):
+    return _plain_item(value)
+
+
+def _plain_item(value: Any) -> Any:
+    """``plain`` for anything but a whole value's string: numbers and sequences made Python's own."""
+    if value is None or isinstance(value, (str, bool, dict)):
         return value
     if isinstance(value, float):  # numpy's float64 is one: shown as the command line shows it
         return float(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(plain(v) for v in value)
+        return type(value)(_plain_item(v) for v in value)
     if hasattr(value, "tolist"):  # numpy arrays and scalars, torch tensors
-        return plain(value.tolist())
+        return _plain_item(value.tolist())
     if hasattr(value, "__index__"):  # any other integer type
         return operator.index(value)
     if isinstance(value, range):
