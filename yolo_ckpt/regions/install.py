@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from ultralytics.utils.torch_utils import unwrap_model
 
 from .graph import layer_inputs
 from .plan import CheckpointPlan, Region
@@ -268,12 +269,11 @@ def _shadow(module: nn.Module, fn: Callable[..., Any], *args: Any) -> None:
 
 
 def network(model: nn.Module) -> nn.Module:
-    """The Ultralytics task model a plan goes on, inside what wraps it in training: DDP's (or DataParallel's)
-    ``module``, and knowledge distillation's student (``distill_model=``: Ultralytics wraps the student in a
-    ``DistillationModel`` whose ``student_model`` it trains, 8.4.190; the teacher runs without gradients, so a plan on
-    it would keep nothing less)."""
-    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-        model = model.module
+    """The Ultralytics task model a plan goes on, inside what wraps it in training: ``torch.compile`` and DDP
+    (Ultralytics' ``unwrap_model``), and knowledge distillation's student (``distill_model=``: Ultralytics wraps the
+    student in a ``DistillationModel`` whose ``student_model`` it trains, 8.4.190; the teacher runs without
+    gradients, so a plan on it would keep nothing less)."""
+    model = unwrap_model(model)
     student = getattr(model, "student_model", None)
     return student if isinstance(student, nn.Module) else model
 
