@@ -19,9 +19,12 @@ def slug(heading: str) -> str:
     return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
 
 
+FENCE = re.compile(r"^([ \t]*)```(\w*)\n(.*?)^\1```", flags=re.S | re.M)  # a fenced block, also indented in a tab
+
+
 def prose(path: Path) -> str:
     """The file without its fenced code blocks (a ``# comment`` there is no heading, a ``](x)`` no link)."""
-    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    return FENCE.sub("", path.read_text())
 
 
 def anchors(path: Path) -> set[str]:
@@ -61,13 +64,17 @@ def test_the_checker_finds_a_dead_link_and_a_dead_anchor(tmp_path):
     assert dead_links([page]) == ["page.md: #nothing (no such heading)", "page.md: missing.md (no such file)"]
 
 
+def nav_pages() -> list[str]:
+    """The pages of mkdocs.yml's ``nav:``, sections walked (``- Title: page.md`` at any depth)."""
+    return re.findall(r"^\s+- (?:\"[^\"]*\"|[^:\"]+): (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
+
+
 def test_readme_is_a_front_page_with_both_set_up_commands():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 300
     assert re.search(r"^python -m pip install -e \. && ", text, flags=re.M)  # .ci/run reads both from README
     assert re.search(r'^python -m pip install -e "\.\[test\]" && ', text, flags=re.M)
-    nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
-    assert sorted(nav) == sorted(p.name for p in DOCS)  # every page is in the site's navigation
+    assert sorted(nav_pages()) == sorted(p.name for p in DOCS)  # every page is in the site's navigation
 
 
 # Every command in README's and the docs' shell blocks, and every output line they quote, with what the suite does
@@ -98,7 +105,6 @@ COMMANDS = {
         ("checked", "DOTA at 1024 px"),
     "yolo-ckpt train model=rtdetr-l.yaml data=coco.yaml checkpoint_stages=all checkpoint_layers=head":
         ("checked", "COCO"),
-    "yolo-ckpt train": ("ci", "$main_job epochs=1"),  # the demo, as README's main job runs it with our keys
     "python -m yolo_ckpt train ...":
         ("test", "tests/test_cli.py::test_unknown_key_is_one_line_naming_the_closest_key_as_yolo_finds_it"),
     "yolo-ckpt help": ("test", "tests/test_cli.py::test_help_lists_our_keys_and_profile_then_ultralytics_help"),
@@ -136,7 +142,17 @@ COMMANDS = {
         ("test", "tests/test_profiler.py::test_profile_command_on_a_simulated_device"),
     "yolo-ckpt train device=cpu simulate_gpu=925MB checkpoint_stages=auto imgsz=640 batch=4":
         ("checked", "auto's planning and the demo's epochs at 640 px take minutes on CPU"),
-    # recipes
+    # recipes and tasks: fine-tuning from .pt weights, checked on the model's .yaml (the same layers and stages;
+    # the weights are a download)
+    "yolo-ckpt train model=yolo11s.pt data=my_tiles.yaml imgsz=1280 batch=8 checkpoint_stages=[2,3]":
+        ("checked", "the user's own tiles at 1280 px, yolo11s.pt weights"),
+    "yolo-ckpt train model=yolo11s.pt data=my_tiles.yaml imgsz=1280 batch=8 checkpoint_stages=auto memory_budget=24GB":
+        ("checked", "the user's own tiles at 1280 px, yolo11s.pt weights"),
+    "yolo-ckpt train model=yolo11n-seg.pt data=dense_tiles.yaml imgsz=1024 batch=2 checkpoint_stages=all "
+    "checkpoint_layers=head checkpoint_loss=chunked":
+        ("checked", "the user's own tiles at 1024 px, yolo11n-seg.pt weights"),
+    "yolo-ckpt train model=yolo11n-seg.pt data=my_masks.yaml imgsz=1280 checkpoint_stages=all checkpoint_layers=head":
+        ("checked", "the user's own masks at 1280 px, yolo11n-seg.pt weights"),
     "yolo-ckpt train cfg=cfg/medical_2048.yaml":
         ("test", "tests/test_medical.py::test_cli_trains_the_recipe_on_the_grayscale_variant"),
     "yolo-ckpt train cfg=cfg/medical_2048.yaml data=my_scans.yaml": ("checked", "the user's own scans"),
@@ -163,7 +179,8 @@ def documented_commands(path: Path) -> list[str]:
     """The commands of ``path``'s shell blocks (continuations joined, trailing comments cut) and the ``yolo-ckpt:
     error:`` lines its plain blocks quote; other output (log excerpts) and Python blocks are not commands."""
     found = []
-    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", path.read_text(), flags=re.S | re.M):
+    for indent, lang, body in FENCE.findall(path.read_text()):
+        body = re.sub(rf"^{indent}", "", body, flags=re.M)  # a block inside a tab (=== "CLI") is indented
         if lang == "bash":
             for line in re.sub(r"\\\n\s*", "", body).splitlines():
                 if (command := re.sub(r"\s+#\s.*$", "", line).strip()) and not command.startswith("#"):
@@ -188,7 +205,8 @@ def test_every_documented_command_is_run_checked_or_listed_as_not_run(capsys):
             assert capsys.readouterr().err.strip() == command
         elif kind == "checked":  # what `yolo-ckpt train` checks before it builds the model or writes a file
             args = parse_train_args(command.split()[1:])
-            check_settings(args.get("model") or DEFAULT_MODELS[args.get("task") or "detect"], args)
+            model = args.get("model") or DEFAULT_MODELS[args.get("task") or "detect"]
+            check_settings(re.sub(r"\.pt$", ".yaml", model), args)  # a .pt's stages are its .yaml's
         elif kind == "test":
             file, name = detail.split("::")
             assert f"def {name}(" in (ROOT / file).read_text(), detail
@@ -203,8 +221,9 @@ def test_every_documented_command_is_run_checked_or_listed_as_not_run(capsys):
 def test_the_command_reader_joins_continuations_and_cuts_comments(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("```bash\nyolo-ckpt train a=1 \\\n  b=2   # why\n# a comment\n```\n\n```\nyolo-ckpt: error: x\n"
-                    "checkpoint: a log line\n```\n\n```python\nYOLO('a')\n```\n")
-    assert documented_commands(page) == ["yolo-ckpt train a=1 b=2", "yolo-ckpt: error: x"]
+                    "checkpoint: a log line\n```\n\n```python\nYOLO('a')\n```\n\n=== \"CLI\"\n\n    ```bash\n"
+                    "    yolo-ckpt train c=3\n    ```\n")
+    assert documented_commands(page) == ["yolo-ckpt train a=1 b=2", "yolo-ckpt: error: x", "yolo-ckpt train c=3"]
 
 
 def benchmark_commands() -> set[str]:
@@ -233,3 +252,66 @@ def test_every_documented_benchmark_command_names_a_script_and_flags_it_has(caps
             runpy.run_path(str(ROOT / script), run_name="__main__")
         shown = capsys.readouterr().out
         assert stop.value.code == 0 and not (missing := {f for f in flags if f not in shown}), f"{script}: {missing}"
+
+
+# The site reads in one sitting: a page under ~1,500 words, a section (the text under one ``##`` heading, its ``###``
+# included; the text before the first ``##`` counts as one) under ~600, code blocks not counted; "Choose a plan"
+# opens with its decision table; the keys' table is generated from cfg/default.yaml at every build.
+PAGE_WORDS, SECTION_WORDS = 1500, 600
+sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+import keys as keys_hook  # noqa: E402  (docs/hooks/keys.py, the mkdocs hook of mkdocs.yml)
+
+
+def built_markdown(page: Path) -> str:
+    """The page's markdown as the site builds it: the keys' marker replaced by the generated tables."""
+    return keys_hook.on_page_markdown(page.read_text(), None, None, None)
+
+
+def word_counts(markdown: str) -> tuple[int, dict[str, int]]:
+    """Words of the page, and of each section by its heading, fenced code left out."""
+    text = FENCE.sub("", markdown)
+    sections = re.split(r"^## ", text, flags=re.M)
+    return len(text.split()), {s.splitlines()[0] if s.strip() else "": len(s.split()) for s in sections}
+
+
+def test_every_page_and_section_of_the_site_is_short_enough_to_read_in_one_sitting():
+    pages = nav_pages()
+    assert "plans.md" in pages and len(pages) >= 20
+    too_long = []
+    for name in pages:
+        words, sections = word_counts(built_markdown(ROOT / "docs" / name))
+        too_long += [f"{name}: {words} words"] if words > PAGE_WORDS else []
+        too_long += [f"{name}, {head!r}: {n} words" for head, n in sections.items() if n > SECTION_WORDS]
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_word_counter_leaves_out_code_and_splits_at_second_level_headings():
+    words, sections = word_counts("# T\n\none two\n\n## A\n\nthree\n\n### B\n\nfour\n\n```bash\nx y z\n```\n")
+    assert words == 10 and sections == {"# T": 4, "A": 5}  # "# T one two" / "A three ### B four"
+
+
+def test_choose_a_plan_opens_with_its_decision_table():
+    lines = [line for line in (ROOT / "docs" / "plans.md").read_text().splitlines() if line.strip()]
+    assert lines[0] == "# Choose a plan" and lines[1].startswith("| your situation |"), lines[:2]
+    table = [line for line in lines[1:] if line.startswith("|")][: len(lines)]
+    rows = "\n".join(table[2 : next(i for i, line in enumerate(lines[1:]) if not line.startswith("|"))])
+    for situation, keys in [("Batch 1 still runs out", "checkpoint_stages=least"), ("larger batch", "batch=-1"),
+                            ("larger imgsz", "checkpoint_stages=[2,3]"), ("Dense scenes", "checkpoint_loss="),
+                            ("Semantic or depth", "checkpoint_loss=chunked"), ("let it choose", "auto"),
+                            ("Several GPUs", "torchrun")]:
+        assert any(situation in row and keys in row for row in rows.splitlines()), situation
+
+
+def test_the_keys_table_is_generated_from_cfg_default_yaml(tmp_path):
+    built = built_markdown(ROOT / "docs" / "plans.md")
+    assert keys_hook.MARKER not in built
+    listed = re.findall(r"^([a-z_]+):", (ROOT / "cfg" / "default.yaml").read_text(), flags=re.M)
+    assert len(listed) >= 8
+    for key in listed:
+        assert re.search(rf"^\| `{key}` \|", built, flags=re.M), f"{key} of cfg/default.yaml is not in Choose a plan"
+    # a key added to the file appears with its default and comment, a continued comment joined to it
+    groups = keys_hook.read_keys("# Things ----\nnew_key: 7 # (int) first line\n  # second | line\n")
+    assert groups == [("Things", [("new_key", "7", "(int) first line second | line")])]
+    assert "| `new_key` | `7` | *int*: first line second &#124; line |" in keys_hook.keys_markdown(
+        "# Things ----\nnew_key: 7 # (int) first line\n  # second | line\n")
+    assert "hooks/keys.py" in (ROOT / "mkdocs.yml").read_text()
