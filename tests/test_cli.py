@@ -268,6 +268,9 @@ def test_defaults_follow_the_task(args, task, tmp_path):
     peak = max(float(r[column[0].index(k)]) for r in column[1:]  # the run's own peak, its validations' included
                for k in ("mem/peak_tensor_GB", "mem/val_peak_tensor_GB"))
     assert f"this run peaked at {peak:.3f} GB over its epochs and validations (mem/peak_tensor_GB" in text
+    maps = [float(v) for k, v in zip(column[0], column[1]) if k.strip().startswith("metrics/mAP50(")]
+    said = text.count("is trained from scratch and finds no object yet in its first epochs")
+    assert said == (bool(maps) and not any(maps)), (maps, said)  # said once, where the first epoch's mAP is 0
 
 
 def test_bad_mode_rejected_before_any_work(tmp_path):

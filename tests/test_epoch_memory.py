@@ -235,7 +235,7 @@ def test_memory_plot_ticks_whole_epochs_only(n):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from yolo_ckpt.integration.epoch_memory import epoch_ticks
+    from yolo_ckpt.report.plots import epoch_ticks
 
     fig, ax = plt.subplots()
     epochs = np.arange(1, n + 1, dtype=float)

@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from yolo_ckpt.memory.step import StepShape, build_model, training_batch
 from yolo_ckpt.regions.settings import PlanSettings
-from yolo_ckpt.report.profiler import compare_plans, profile_stages, standard_plans
+from yolo_ckpt.report.profiler import compare_plans, profile_stages, standard_plans, time_x, within_noise
 
 from support import MINI, SMALL, loop_batches
 
@@ -278,3 +278,21 @@ def test_the_console_table_fits_and_ends_with_the_command_of_the_least_plan(mini
     keys = parse_train_args(["train", *shlex.split(line.split("yolo-ckpt train ", 1)[1])])
     assert PlanSettings.from_keys(keys) == plans[best["plan"]]
     assert recommendation(rows[:1], "yolo-ckpt train") is None  # vanilla alone: nothing to recommend
+
+
+def test_a_step_time_within_its_noise_is_never_shown_faster_than_vanilla(mini):
+    """Timed in rounds, each plan's time carries the spread of its ratio to vanilla's same round; a plan is never
+    shown faster than vanilla (recomputing adds work: below 1 is the machine's noise), vanilla timed again among the
+    plans included, whose difference from vanilla is nothing but noise."""
+    from yolo_ckpt.integration.cli import plans_table
+
+    plans = {"none": PlanSettings(), "none again": PlanSettings(), "all + head": PlanSettings.of("all", layers="head")}
+    rows = compare_plans(mini, StepShape(64, 2), plans, repeats=3)
+    for r in rows[1:]:
+        cell = time_x(r)
+        shown, spread = cell.split(" ±")
+        assert r["time_spread"] is not None and float(spread) == round(r["time_spread"], 2)
+        assert shown == "~1" or float(shown) >= 1 and abs(r["time_ratio"] - 1) > r["time_spread"], (cell, r)
+        assert (shown == "~1") is within_noise(r) and (r["time_ratio"] >= 1 or shown == "~1")
+    lines = plans_table(rows, budget=False)
+    assert lines[-1].startswith("time x: the median of interleaved rounds") and max(map(len, lines)) <= 120

@@ -55,7 +55,8 @@ from ..regions.families import DEFAULT_MODELS, ultralytics_class
 from ..regions.loss.install import LOSS_HELP
 from ..regions.settings import PlanSettings
 from ..regions.spec import CheckpointConfigError, word
-from ..report.profiler import compare_plans, profile_stages, standard_plans, write_profile
+from ..report.profiler import compare_plans, profile_stages, standard_plans, time_x, within_noise, write_profile
+from ..report.progress import Progress
 from ..report.summary import training_formats
 from ..report.tradeoff import tradeoffs
 from ..versions import ULTRALYTICS_CHECKED, ULTRALYTICS_RANGE, __version__, torchvision_error
@@ -345,17 +346,21 @@ def profile(args: list[str], costs: Costs | None = None, candidates: bool = True
 
 def plans_table(rows: list[dict], budget: bool) -> list[str]:
     """``profile``'s console table, one line per plan: peak MiB, and memory, FLOPs and step time as multiples of
-    vanilla's; ``fits`` only where a budget or device bounds the steps. The raw columns are in the saved files."""
+    vanilla's (the time with its noise: ``time_x``); ``fits`` only where a budget or device bounds the steps. The raw
+    columns are in the saved files."""
     def cell(v: Any, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
-    head = f"{'plan':<34}{'peak MiB':>10}{'x vanilla':>11}{'FLOPs x':>9}{'time x':>8}" + ("   fits" if budget else "")
+    head = f"{'plan':<34}{'peak MiB':>10}{'x vanilla':>11}{'FLOPs x':>9}{'time x':>13}" + ("   fits" if budget else "")
     lines = [head]
     for r in rows:  # a figure not measured (the step did not fit the device) shows as "-"
         name = r["plan"] if len(r["plan"]) <= 33 else r["plan"][:32] + "…"
         lines.append(f"{name:<34}{cell(r['peak_MiB'], '.1f'):>10}{cell(r['peak_ratio'], '.3f'):>11}"
-                     f"{cell(r['flops_ratio'], '.3f'):>9}{cell(r['time_ratio'], '.2f'):>8}"
+                     f"{cell(r['flops_ratio'], '.3f'):>9}{time_x(r):>13}"
                      + (f"{'yes' if r['fits'] else 'no':>7}" if budget else ""))
+    if any(r.get("time_spread") is not None for r in rows[1:]):
+        lines.append("time x: the median of interleaved rounds, ± half their spread over vanilla's same round; "
+                     "~1: within that noise")
     return lines
 
 
@@ -366,8 +371,10 @@ def recommendation(rows: list[dict], command: str) -> str | None:
     if not measured:
         return None
     best = min(measured, key=lambda r: (r["peak_ratio"], r["flops_ratio"]))
-    return (f"the least memory of these plans, {best['plan']} ({best['peak_ratio']:.2f}x vanilla's step, "
-            f"{best['time_ratio'] or 0:.2f}x its time): {command} {best['keys']}")
+    time = ("" if best["time_ratio"] is None else ", its time within the timing noise" if within_noise(best)
+            else f", {best['time_ratio']:.2f}x its time")
+    return f"the least memory of these plans, {best['plan']} ({best['peak_ratio']:.2f}x vanilla's step{time}): " \
+           f"{command} {best['keys']}"
 
 
 def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
@@ -394,9 +401,10 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
     if loss != "none":  # the loss plan alone and with the whole network (every other row: Ultralytics' loss)
         plans[f"loss {loss}"] = PlanSettings(loss=loss)
         plans[f"all + head, loss {loss}"] = PlanSettings.of("all", layers="head", loss=loss)
-    stages = profile_stages(model, shape, progress=True)
-    plans = compare_plans(model, shape, plans, progress=True)
-    if not candidates:
-        return stages, plans, {}, batch
-    fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
-    return stages, plans, tradeoffs(model, shape, cfg.memory_budget, fraction, costs=costs), batch
+    with Progress(colorstr("profile:")) as track:  # one bar over the whole profile, saying what it measures now
+        stages = profile_stages(model, shape, track)
+        plans = compare_plans(model, shape, plans, track=track)
+        if not candidates:
+            return stages, plans, {}, batch
+        fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
+        return stages, plans, tradeoffs(model, shape, cfg.memory_budget, fraction, costs=costs, track=track), batch

@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -257,49 +256,3 @@ def close_epoch_memory(trainer: Any) -> None:
 
 CALLBACKS = {"on_train_epoch_start": start_epoch_memory, "on_train_epoch_end": stop_epoch_memory,
              "on_fit_epoch_end": memory_in_metrics}
-
-
-def epoch_ticks(ax: Any, epochs: Any) -> None:
-    """Tick whole epochs only: each epoch of a short run, whole numbers of a long one (matplotlib's default ticks a
-    single epoch at 0.96-1.04)."""
-    from matplotlib.ticker import MaxNLocator
-
-    if len(epochs) <= 20:
-        ax.set_xticks(epochs)
-        ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)
-    else:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
-def plot_memory(csv_file: str | Path) -> Path | None:
-    """Plot the ``mem/*`` columns of an Ultralytics results.csv per epoch into ``memory.png`` beside it.
-
-    Returns:
-        The PNG path, or ``None`` when the file has no memory column (nothing is drawn from nothing).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    csv_file = Path(csv_file)
-    names = [c.strip() for c in csv_file.read_text().splitlines()[0].split(",")]
-    columns = [i for i, c in enumerate(names) if c.startswith("mem/")]
-    if not columns:
-        return None
-    data = np.atleast_2d(np.loadtxt(csv_file, delimiter=",", skiprows=1))
-    if not np.isfinite(data[:, columns]).any():  # no epoch was measured: nothing to draw
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4), tight_layout=True)
-    for i in columns:
-        ax.plot(data[:, 0], data[:, i], marker=".", label=names[i].removeprefix("mem/"))
-    top = float(np.nanmax(data[:, columns])) * 1.15
-    ax.set(xlabel="epoch", ylabel="peak memory (GB = 2^30 B)", title="peak memory per epoch", ylim=(0, top))
-    epoch_ticks(ax, data[:, 0])
-    ax.legend()
-    ax.grid(alpha=0.3)
-    path = csv_file.with_name("memory.png")
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path

@@ -41,10 +41,11 @@ from ..regions.loss.install import (
     loss_checkpointing,
 )
 from ..regions.spec import CheckpointConfigError, plain, word
-from ..report.summary import PREFIX, compare_with_vanilla
+from ..report.plots import plot_memory
+from ..report.summary import PREFIX, compare_with_vanilla, say_why_map_is_zero
 from . import memory_hooks, multitrain, tuning
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
-from .epoch_memory import CALLBACKS, close_epoch_memory, plot_memory, validation_memory
+from .epoch_memory import CALLBACKS, close_epoch_memory, validation_memory
 from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device
 from .offline import provide_fonts
 from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
@@ -112,7 +113,8 @@ class CheckpointMixin(DistributedMixin):
         self.run_memory = RunMemory()  # the run's memory decisions and what they remember
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
                 ("on_pretrain_routine_end", choose_auto_plan), ("on_pretrain_routine_end", skip_frozen_stages),
-                ("on_pretrain_routine_end", plan_validation_for_device), ("on_train_end", compare_with_vanilla)]
+                ("on_pretrain_routine_end", plan_validation_for_device), ("on_fit_epoch_end", say_why_map_is_zero),
+                ("on_train_end", compare_with_vanilla)]
         for event, fn in reversed(ours):  # ahead of every other callback, in this order: a user's reads our figures
             if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
                 self.callbacks[event].insert(0, fn)

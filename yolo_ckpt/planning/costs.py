@@ -4,6 +4,7 @@ backward window, the FLOPs and time its recompute adds (``Costs``), and the pred
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,14 +184,15 @@ def _unit_phases(m: nn.Module, c: Candidate, shape: StepShape, last: int | None,
     return None if seconds is None else dataclasses.replace(phases, seconds=seconds)
 
 
-def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = (), timed: bool = True) -> Costs:
+def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = (), timed: bool = True,
+               track: Callable[[Iterable, str], Iterable] | None = None) -> Costs:
     """Measure the plain step and each unit alone, in each mode (its parts' too where the model's plans take modes
     per region and the unit has block layers), at batch 1 (on copies of the model), each within what the device has
     free, and time each such step that fit. With ``loss_modes`` (``install.auto_loss_modes``) every step runs
     Ultralytics' loss, and each of those loss plans is measured alone too (``Costs.loss``); without, every step runs
     the loss plan ``model`` has. ``timed=False``: memory only, every time 0 s (for ``checkpoint_stages=least``).
     ``shape``: the steps' image size, objects per image and autocast dtype; its ``batch`` is not read (units are
-    measured at batch 1).
+    measured at batch 1). ``track``: a ``report.progress.Progress`` each probe is counted on.
 
     Raises:
         ValueError: When not even the plain step at batch 1 fits the device.
@@ -210,7 +212,7 @@ def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = (), timed
     base = "none" if loss_modes else None  # the loss the network's probes run
     with planned_copy(model, PlanSettings(loss=base)) as m:
         criterion = getattr(m, "criterion", None)  # the loss a first step makes, as it had it (its bytes count)
-        for unit, mode in probes:
+        for unit, mode in probes if track is None else track(probes, f"{len(probes)} units of the model"):
             m.criterion = criterion
             if unit == LOSS:  # the loss plan alone: the network plain
                 c = Candidate((), "full", 0, 0, head, layout=layout, loss=mode)

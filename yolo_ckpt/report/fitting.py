@@ -47,6 +47,7 @@ from ..memory.tracker import cuda_peak
 from ..planning.autobatch import probe_room
 from ..regions.install import disable_checkpointing
 from ..regions.settings import PlanSettings
+from .progress import Track, tracked
 
 T = TypeVar("T")
 
@@ -116,30 +117,40 @@ def within_device(model: nn.Module, measure: Callable[[], T]) -> T | None:
     return unless_oom(bounded, device)
 
 
-def time_plans(model: nn.Module, plans: list[PlanSettings], shape: StepShape, repeats: int) -> list[float]:
-    """Median step time of each plan's step of ``shape``, timed in interleaved rounds so that machine drift
-    hits all plans alike (``step.time_steps``).
+def time_plans(model: nn.Module, plans: list[PlanSettings], shape: StepShape, repeats: int,
+               track: Track | None = None) -> list[float]:
+    """Median step time of each plan's step of ``shape`` over ``time_rounds``."""
+    return [statistics.median(ts) if ts else 0.0 for ts in time_rounds(model, plans, shape, repeats, track)]
+
+
+def time_rounds(model: nn.Module, plans: list[PlanSettings], shape: StepShape, repeats: int,
+                track: Track | None = None) -> list[list[float]]:
+    """Each plan's step time of ``shape`` in each of ``repeats`` interleaved rounds (one list per plan, one time
+    per round), so that machine drift hits all plans alike and a round's times compare with each other.
 
     A first, untimed round warms every plan up. Without a device limit every plan's copy lives for all rounds. On a
     device each step gets a copy of its own, made for it and freed after it, so that it runs in the memory its
     measured step had (the model, one copy, the batch): a plan that fit when measured fits when timed.
     """
     if not repeats:
-        return [0.0] * len(plans)
+        return [[] for _ in plans]
     data, amp = training_batch(model, shape), shape.amp
+    times: list[list[float]] = [[] for _ in plans]
+    rounds = tracked(track, range(1 + repeats), f"timing {len(plans)} plans")
     if device_memory(data["img"].device) is None:
         models = [with_plan(model, plan) for plan in plans]
         try:
-            time_steps(models, data, 1, amp)
-            return time_steps(models, data, repeats, amp)
+            for _ in rounds:
+                for m, ts in zip(models, times):
+                    ts.append(time_steps([m], data, 1, amp)[0])
         finally:
             for m in models:
                 disable_checkpointing(m)
-    times: list[list[float]] = [[] for _ in plans]
-    for _ in range(1 + repeats):
-        for plan, ts in zip(plans, times):
-            ts.append(_time_alone(model, plan, data, amp))
-    return [statistics.median(ts[1:]) for ts in times]
+    else:
+        for _ in rounds:
+            for plan, ts in zip(plans, times):
+                ts.append(_time_alone(model, plan, data, amp))
+    return [ts[1:] for ts in times]
 
 
 def ratio(value: float | None, base: float | None, digits: int = 3) -> float | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -31,32 +32,34 @@ from ..planning import costs
 from ..regions.graph import model_stages
 from ..regions.recompute import Mode
 from ..regions.settings import PlanSettings
-from .fitting import fitting_step, mib, plan_step, ratio, time_plans
+from .fitting import fitting_step, mib, plan_step, ratio, time_rounds
 from .plots import axes, legend_points
+from .progress import Track, tracked
 
 
 def compare_plans(model: nn.Module, shape: StepShape, plans: dict[str, PlanSettings], repeats: int | None = None,
-                  progress: bool = False) -> list[dict]:
+                  track: Track | None = None) -> list[dict]:
     """Measure each plan's training step of ``shape``, one copy at a time; ratios are to the first plan (vanilla).
 
     Each plan's loss plan is its own where it has one, else the one ``model`` has.
 
     Memory and FLOPs are exact per plan, each step within what the device has free (``fitting.fitting_step``); step
-    times are medians of ``repeats`` interleaved rounds (``fitting.time_plans``; ``None``: as many as planning times,
-    ``costs.TIMED_STEPS``); ``shape.amp`` is the forward's autocast dtype (``None``: full precision).
+    times are medians of ``repeats`` interleaved rounds (``fitting.time_rounds``; ``None``: as many as planning times,
+    ``costs.TIMED_STEPS``), and ``time_spread`` is half the range of a plan's time over vanilla's in the same round:
+    a ``time_ratio`` closer to 1 than that is timing noise. ``shape.amp`` is the forward's autocast dtype (``None``:
+    full precision). ``track``: a ``progress.Progress`` the steps are counted on.
 
     Returns:
         (list[dict]): One row per plan: name, stages, ``fits``, peak/FLOP/time figures and ratios to the first plan.
         A plan whose step does not fit the device has ``fits`` false and no figures; when the first plan does not
         fit, no row has ratios.
     """
-    from ultralytics.utils import TQDM
-
     repeats = costs.TIMED_STEPS if repeats is None else repeats
-    items = TQDM(plans.items(), desc="plans", total=len(plans)) if progress else plans.items()
+    items = tracked(track, plans.items(), f"memory of {len(plans)} plans")
     fits = {name: plan_step(model, plan, shape) for name, plan in items}
     measured = [name for name, fit in fits.items() if fit is not None]
-    seconds = dict(zip(measured, time_plans(model, [plans[n] for n in measured], shape, repeats)))
+    rounds = dict(zip(measured, time_rounds(model, [plans[n] for n in measured], shape, repeats, track)))
+    seconds = {name: statistics.median(ts) for name, ts in rounds.items() if ts}
     first = next(iter(fits))
     base, base_s = fits[first], seconds.get(first)
     rows = []
@@ -75,10 +78,37 @@ def compare_plans(model: nn.Module, shape: StepShape, plans: dict[str, PlanSetti
             "peak_ratio": ratio(peak, base and base.peak_bytes),
             "flops_ratio": ratio(flops, base and base.flops),
             "time_ratio": ratio(seconds.get(name), base_s),
+            "time_spread": None if name == first else _spread(rounds.get(name), rounds.get(first)),
             **({"cuda_peak_MiB": mib(cuda), "cuda_peak_ratio": ratio(cuda, base and base.cuda_peak_bytes)}
                if cuda else {}),
         })
     return rows
+
+
+def time_x(row: dict) -> str:
+    """A plan's step time over vanilla's as a person should read it: ``1.20 ±0.03``, or ``~1 ±0.05`` where the
+    measured noise covers the difference from vanilla's (or the plan measured faster: recomputing adds work, so a
+    ratio below 1 is the machine's noise, not the plan's gain)."""
+    t, spread = row.get("time_ratio"), row.get("time_spread")
+    if t is None:
+        return "-"
+    if spread is None:
+        return f"{t:.2f}"
+    return f"{'~1' if within_noise(row) else format(t, '.2f')} ±{spread:.2f}"
+
+
+def within_noise(row: dict) -> bool:
+    """Whether a plan's step time is vanilla's as far as its rounds can tell (``time_x``)."""
+    t, spread = row.get("time_ratio"), row.get("time_spread") or 0.0
+    return t is not None and (t < 1 or abs(t - 1) <= spread)
+
+
+def _spread(times: list[float] | None, base: list[float] | None) -> float | None:
+    """Half the range of ``times`` over ``base``, round by round (the same round's steps met the same machine)."""
+    if not times or not base or len(times) < 2:
+        return None
+    ratios = [t / b for t, b in zip(times, base) if b]
+    return round((max(ratios) - min(ratios)) / 2, 3) if len(ratios) >= 2 else None
 
 
 def _saved_per_stage(model: nn.Module, data: dict, stages: dict[int, tuple[int, ...]],
@@ -129,7 +159,7 @@ def _stage_step(model: nn.Module, shape: StepShape, stage: int | None = None,
         return fit.flops, kept, shapes[0] if shapes else None
 
 
-def profile_stages(model: nn.Module, shape: StepShape, progress: bool = False) -> list[dict]:
+def profile_stages(model: nn.Module, shape: StepShape, track: Track | None = None) -> list[dict]:
     """Per backbone stage, in a training step of ``shape``: layers, output shape, bytes kept for backward with and
     without checkpointing, FLOPs.
 
@@ -139,16 +169,15 @@ def profile_stages(model: nn.Module, shape: StepShape, progress: bool = False) -
 
     Every step runs within what the device has free (``fitting.fitting_step``). The figures compare two steps,
     vanilla's and the stage's: where either does not fit the device, ``fits`` is false and they are ``None``.
+    ``track``: a ``progress.Progress`` the steps are counted on.
     """
-    from ultralytics.utils import TQDM
-
     stages = model_stages(model)
     base = _stage_step(model, shape)
     # A forward that keeps what vanilla's keeps, and no backward: it fits wherever vanilla's whole step fit.
     saved = _saved_per_stage(model, training_batch(model, shape), stages, shape.amp) if base else {}
     model.zero_grad(set_to_none=True)
     rows = []
-    for k in TQDM(sorted(stages), desc="stages") if progress else sorted(stages):
+    for k in tracked(track, sorted(stages), f"each of {len(stages)} stages"):
         step = _stage_step(model, shape, k, stages[k][-1])
         both = base is not None and step is not None
         rows.append({

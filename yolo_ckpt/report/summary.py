@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import math
 from copy import deepcopy
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +27,8 @@ from ..regions.loss.install import disable_loss_checkpointing, loss_checkpointin
 from ..regions.plan import CheckpointPlan
 from ..regions.recompute import Mode
 from ..regions.settings import PlanSettings
-from .profiler import compare_plans
+from .plots import plot_memory
+from .profiler import compare_plans, time_x, within_noise
 
 PREFIX = colorstr("checkpoint:")
 COMPARE_ROUNDS = 3  # timed rounds of the two steps (median): a figure reported to the user, whatever planning times
@@ -106,24 +108,47 @@ def compare_with_vanilla(trainer: Any) -> list[dict] | None:
         LOGGER.info(f"{PREFIX} compare: the step of {' and '.join(over)} does not fit what this device has free at "
                     f"imgsz={imgsz} batch={batch}; {name} trained in it")
         return None
-    for line in summary_lines(rows, run_peak(trainer.csv)):
+    peak = run_peak(trainer.csv)
+    for line in summary_lines(rows, peak):
         LOGGER.info(f"{PREFIX} {line}")
+    if peak is not None and trainer.args.plots and (path := plot_memory(trainer.csv, vanilla_peak(rows, peak[1]))):
+        trainer.on_plot(path)  # memory.png again, vanilla's estimate beside the run's peaks
     return rows
+
+
+def say_why_map_is_zero(trainer: Any) -> None:
+    """``on_fit_epoch_end``: where a model trained from scratch validates at mAP 0 in its first epoch, say once why, so
+    that a newcomer does not read the first epochs' zeros as a fault of checkpointing."""
+    model = str(trainer.args.model)
+    if trainer.epoch != trainer.start_epoch or not model.endswith((".yaml", ".yml")):
+        return
+    maps = [v for k, v in trainer.metrics.items() if k.startswith("metrics/mAP50(")]
+    if maps and all(v == 0 for v in maps):
+        LOGGER.info(f"{PREFIX} mAP 0: {Path(model).name} is trained from scratch and finds no object yet in its "
+                    f"first epochs; fine-tune from .pt weights (model={Path(model).stem}.pt) for mAP from the start")
+
+
+def vanilla_peak(rows: list[dict], gb: float) -> float:
+    """What vanilla would have peaked at in a run that peaked at ``gb``: the run's peak plus the difference of the
+    two steps measured side by side (``rows``: vanilla's, this plan's)."""
+    vanilla, ours = rows
+    return gb + (vanilla["peak_MiB"] - ours["peak_MiB"]) / 1024
 
 
 def summary_lines(rows: list[dict], peak: tuple[str, float] | None) -> list[str]:
     """One small table (vanilla, this run's plan: step peak, and memory, FLOPs and step time as multiples of
     vanilla's) and one sentence: the run's peak next to what vanilla would have needed, and what that cost."""
     vanilla, ours = rows
-    lines = [f"  {'plan':<36}{'step peak MiB':>15}{'x vanilla':>11}{'FLOPs x':>9}{'time x':>8}"]
+    lines = [f"  {'plan':<36}{'step peak MiB':>15}{'x vanilla':>11}{'FLOPs x':>9}{'time x':>13}"]
     for r in rows:
         name = r["plan"] if len(r["plan"]) <= 35 else r["plan"][:34] + "…"
         lines.append(f"  {name:<36}{r['peak_MiB']:>15.1f}{r['peak_ratio']:>11.3f}{r['flops_ratio']:>9.3f}"
-                     f"{r['time_ratio']:>8.2f}")
-    cost = f"for {ours['time_ratio'] - 1:+.0%} step time"
+                     f"{time_x(r):>13}")
+    cost = ("for a step time within its timing noise" if within_noise(ours) else
+            f"for {ours['time_ratio'] - 1:+.0%} step time")
     if peak is None:
         return [*lines, f"checkpointing kept {1 - ours['peak_ratio']:.0%} less step memory {cost}"]
     key, gb = peak  # the run's whole peak (weights, EMA, optimizer, activations, validation)
-    without = gb + (vanilla["peak_MiB"] - ours["peak_MiB"]) / 1024  # plus the measured step difference
+    without = vanilla_peak(rows, gb)
     return [*lines, f"this run peaked at {gb:.3f} GB over its epochs and validations ({key} and its val twin in "
                     f"results.csv); vanilla would need about {without:.3f} GB: {1 - gb / without:.0%} less {cost}"]

@@ -48,6 +48,7 @@ from ..planning.units import HEAD, Candidate, describe
 from ..regions.settings import PlanSettings
 from .fitting import Fit, device_room, fitting_step, mib, plan_step, ratio, time_plans, within_device
 from .plots import axes, legend_points
+from .progress import Track, tracked
 
 
 def _row(c: Candidate, fit: Fit | None) -> dict:
@@ -85,7 +86,7 @@ def pareto(rows: list[dict]) -> list[dict]:
 
 
 def measure_candidates(model: nn.Module, shape: StepShape, repeats: int = 1, costs: Costs | None = None,
-                       measured: dict | None = None, also: tuple = ()) -> list[dict]:
+                       measured: dict | None = None, also: tuple = (), track: Track | None = None) -> list[dict]:
     """Every candidate plan of ``checkpoint_stages=auto`` in one mode for all its units, and the plans ``also``
     (``Candidate``s: auto's choice with a mode per unit), measured in a step of ``shape`` on one copy of the
     model, each plan installed in turn (``step.copy_for_plans``; on a device a copy per plan), each step within
@@ -103,10 +104,10 @@ def measure_candidates(model: nn.Module, shape: StepShape, repeats: int = 1, cos
         both were measured), the predicted bytes, the Pareto flag (measured plans only), and for Pareto plans (and
         vanilla) the measured step time ``step_s`` (median of ``repeats``) and its ratio to vanilla's; every row has
         the planner's predicted step time ``predicted_s`` (from the batch-1 steps timed in ``unit_costs``) and its
-        ratio to vanilla's prediction.
+        ratio to vanilla's prediction. ``track``: a ``progress.Progress`` the steps are counted on.
     """
     batch = shape.batch
-    costs = costs or unit_costs(model, shape)
+    costs = costs or unit_costs(model, shape, track=track)
     share = measured is not None and device_memory(next(model.parameters()).device) is None
     fixed = state_bytes(model) + batch_bytes(model, shape)
     rows: list[dict] = []
@@ -114,8 +115,9 @@ def measure_candidates(model: nn.Module, shape: StepShape, repeats: int = 1, cos
     # without a device limit one copy, each plan installed in turn; on a device a copy per plan, freed with whatever
     # a step that ran out left on it (one shared copy would pass a simulated device's limit: tests/test_tradeoff.py)
     with copy_for_plans(model) if unbounded else nullcontext() as install:
-        for c in [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch,
-                                                                 fixed), *also]:
+        plans = [no_recompute(costs, batch, fixed), *candidates(dataclasses.replace(costs, mixed=False), batch, fixed),
+                 *also]
+        for c in tracked(track, plans, f"memory of {len(plans)} candidate plans"):
             fit = fitting_step(install(c.installs), shape) if unbounded else plan_step(model, c.installs, shape)
             if share:
                 measured[(*c.key, batch)] = fit.step_bytes
@@ -124,7 +126,7 @@ def measure_candidates(model: nn.Module, shape: StepShape, repeats: int = 1, cos
     pareto(rows)
     front = [r for r in rows if r["pareto"]]
     timed = [*([rows[0]] if rows[0]["fits"] and not rows[0]["pareto"] else []), *front]
-    for r, s in zip(timed, time_plans(model, [_plan(r) for r in timed], shape, max(repeats, 1))):
+    for r, s in zip(timed, time_plans(model, [_plan(r) for r in timed], shape, max(repeats, 1), track)):
         r["step_s"] = round(s, 4)
     for r in front:
         if (t := ratio(r["step_s"], rows[0].get("step_s"))) is not None:
@@ -172,7 +174,7 @@ def largest_imgsz(model: nn.Module, row: dict, shape: StepShape, target: int, st
 
 
 def tradeoffs(model: nn.Module, shape: StepShape, memory_budget: str | int | None = None, fraction: float = 0.6,
-              costs: Costs | None = None) -> dict:
+              costs: Costs | None = None, track: Track | None = None) -> dict:
     """What ``yolo-ckpt profile`` reports beyond its fixed plans: every candidate plan with its Pareto flag; with
     ``memory_budget``, auto's choice for ``fraction`` of it (``choose_plan``, on the device the profile runs on) and
     the largest imgsz each Pareto plan (and vanilla) fits at this batch; the memory no plan changes.
@@ -186,7 +188,7 @@ def tradeoffs(model: nn.Module, shape: StepShape, memory_budget: str | int | Non
     """
     dev = device_memory(next(model.parameters()).device)
     try:
-        costs = costs or unit_costs(model, shape)
+        costs = costs or unit_costs(model, shape, track=track)
     except ValueError as e:  # not even vanilla's batch-1 step fits the device: there is nothing to plan from
         return {"candidates": [], "untouchable": untouchable(model, shape), "notes": [str(e)], "chosen": None}
     imgsz, batch = shape.imgsz, shape.batch
@@ -201,7 +203,7 @@ def tradeoffs(model: nn.Module, shape: StepShape, memory_budget: str | int | Non
     # a choice of per-unit modes, or of the neck without the head layer, is not among the one-mode rows: one more row
     also = (choice.candidate,) if choice is not None and (choice.candidate.units, choice.candidate.modes) not in \
         listed | {((), ())} else ()
-    rows = measure_candidates(model, shape, costs=costs, also=also)
+    rows = measure_candidates(model, shape, costs=costs, also=also, track=track)
     notes, chosen = [f"{sum(r['pareto'] for r in rows)} of {len(rows)} plans on the Pareto front"], None
     if dev is not None:
         notes.append(f"{sum(r['fits'] for r in rows)} of {len(rows)} plans fit the {dev.name} at imgsz={imgsz} "
