@@ -28,7 +28,7 @@ from whole_network import THIRD
 
 from yolo_ckpt import YOLO
 from yolo_ckpt.data.synthetic import synthetic_dataset
-from yolo_ckpt.integration.epoch_memory import epoch_ticks
+from yolo_ckpt.report.plots import epoch_ticks
 
 
 def plot(runs: dict[str, list[dict]], mem: str, title: str, path: Path) -> None:
@@ -89,7 +89,7 @@ def main() -> None:
             model.train(name=name, **THIRD.keys(), checkpoint_loss=loss, **args)
         else:
             layers = None if stages == "[]" else a.layers
-            model.train(name=name, checkpoint_stages=stages if stages == "all" else ast.literal_eval(stages),
+            model.train(name=name, checkpoint_stages=stages if stages in ("all", "least") else ast.literal_eval(stages),
                         checkpoint_layers=layers, checkpoint_loss=loss, **args)
         with open(project / name / "results.csv") as f:
             runs[spec] = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]

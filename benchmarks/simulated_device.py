@@ -6,6 +6,7 @@ Usage:
     python benchmarks/simulated_device.py escalate  # [2,3] at batch 4 on a device of 0.6x vanilla's epoch peak
     python benchmarks/simulated_device.py third     # auto, yolo11n 640 batch 4, a share of 0.33x vanilla's step
     python benchmarks/simulated_device.py third --imgsz 160 --share 0.5   # the same at another size and share
+    python benchmarks/simulated_device.py dense     # dense 1024 px segmentation, chunked loss, on 1.15x its epoch
     python benchmarks/simulated_device.py untold    # the same memory decisions on devices planning is not told about
 
 ``untold`` runs each decision inside a ``device.UntoldDevice`` (a hard limit that ``device_memory`` does not see, as a
@@ -54,29 +55,33 @@ class _AutoLines(logging.Handler):
             self.lines.append(msg)
 
 
-def train(project: str, name: str, device: UntoldDevice | None = None, **kw) -> dict:
-    """One run on the embedded dataset; the (simulated or untold) device's peak until the first epoch and in it, in
-    the whole run, and auto's lines."""
+def train(project: str, name: str, device: UntoldDevice | None = None, model: str = "yolo11n.yaml",
+          data: str | None = None, **kw) -> dict:
+    """One run on the embedded dataset (``data``: another of its variants); the (simulated or untold) device's peak
+    until the first epoch and in it, in the whole run, and auto's lines."""
     seen = {}
 
     def planning_peak(trainer):  # planning (AutoBatch, auto) ends before the first epoch
         seen.setdefault("planning", (device or simulated_device()).peak)
 
-    model = YOLO("yolo11n.yaml")
+    model = YOLO(model)
     model.add_callback("on_train_start", planning_peak)
     log = _AutoLines()
     LOGGER.addHandler(log)
     try:
-        model.train(data=str(synthetic_dataset("detect")), project=project, name=name, exist_ok=True, **RUN, **kw)
+        model.train(data=data or str(synthetic_dataset("detect")), project=project, name=name, exist_ok=True,
+                    **{**RUN, **kw})
     finally:
         LOGGER.removeHandler(log)
     t = model.trainer
     save = Path(t.save_dir)
     args = yaml.safe_load((save / "args.yaml").read_text())
     rows = (save / "results.csv").read_text().splitlines()
-    epoch = dict(zip([c.strip() for c in rows[0].split(",")], rows[1].split(",")))["mem/peak_tensor_GB"]
+    last = dict(zip([c.strip() for c in rows[0].split(",")], [v.strip() for v in rows[-1].split(",")]))
     return {"batch": t.batch_size, "plan": {k: args[k] for k in KEYS}, "planning_GB": seen.get("planning", 0) / 2**30,
-            "epoch_GB": float(epoch), "target_GB": (t.run_memory.target or 0) / 2**30, "auto": log.lines,
+            "epoch_GB": float(last["mem/peak_tensor_GB"]), "last": last, "epochs": len(rows) - 1,
+            "weights": sorted(p.name for p in (save / "weights").glob("*.pt")),
+            "target_GB": (t.run_memory.target or 0) / 2**30, "auto": log.lines,
             "run_GB": device.peak / 2**30 if device is not None else None, "val_batch": t.run_memory.val_batch}
 
 
@@ -140,6 +145,27 @@ def escalate(project: str) -> None:
           f"at batch {r['batch']} with {r['plan']}, epoch peak {r['epoch_GB']:.3f} GB")
 
 
+def dense(project: str, share: float = 1.15) -> None:
+    """The dense aerial case of the issue about the whole run fitting: yolo11n-seg on ``synthetic_dense`` (1024 px
+    tiles, ~300 small polygons each), batch 2, the whole network and the loss recomputed (``checkpoint_loss=chunked``).
+    First on a device too large to matter, for the training epoch's peak; then on a simulated device of ``share`` x
+    that peak, two epochs, each validated: PASS when the run completes, validation and the final evaluation included,
+    every epoch's metrics written and its weights saved."""
+    data = str(synthetic_dataset("segment", variant="synthetic_dense"))
+    keys = dict(model="yolo11n-seg.yaml", data=data, imgsz=1024, batch=2, checkpoint_stages="all",
+                checkpoint_layers="head", checkpoint_loss="chunked")
+    roomy = train(project, "dense_roomy", simulate_gpu="64GB", **keys)
+    size = int(share * roomy["epoch_GB"] * 2**30)
+    r = train(project, "dense_tight", simulate_gpu=f"{size}B", epochs=2, **{**keys, "val": True})
+    val = {k: v for k, v in r["last"].items() if k.startswith("metrics/") or k.startswith("val/")}
+    ok = r["epochs"] == 2 and {"last.pt", "best.pt"} <= set(r["weights"]) and all(v != "nan" for v in val.values())
+    print(f"{'PASS' if ok else 'FAIL'} dense segmentation, {keys['imgsz']} px batch 2, all + head + chunked loss, on "
+          f"{size / 2**30:.3f} GB ({share}x the training epoch's {roomy['epoch_GB']:.3f} GB): {r['epochs']} epochs, "
+          f"validator batch {r['val_batch'] or 'Ultralytics own'}, weights {r['weights']}, last epoch's peak "
+          f"{r['epoch_GB']:.3f} GB, its validation's {r['last'].get('mem/val_peak_tensor_GB', 'nan')} GB, mAP50(M) "
+          f"{r['last'].get('metrics/mAP50(M)', 'nan')}")
+
+
 def vanilla_step(imgsz: int) -> tuple[int, int]:
     """Vanilla's step at batch 4 as planning counts it (model state, batch, exact peak) with the dataset's objects per
     image as the trainer counts them (the most in one image x4, mosaic), and those objects."""
@@ -175,7 +201,7 @@ def third(project: str, imgsz: int = 640, share: float = 0.33) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("case", choices=["auto", "budget", "escalate", "third", "untold"])
+    p.add_argument("case", choices=["auto", "budget", "dense", "escalate", "third", "untold"])
     p.add_argument("--project", default="runs/simulated_device")
     p.add_argument("--imgsz", type=int, default=640, help="third: image size")
     p.add_argument("--share", type=float, default=0.33, help="third: the share of vanilla's step")
@@ -183,5 +209,5 @@ if __name__ == "__main__":
     if a.case == "third":
         third(a.project, a.imgsz, a.share)
     else:
-        {"auto": auto, "budget": budget, "escalate": escalate, "untold": untold}[a.case](a.project)
+        {"auto": auto, "budget": budget, "dense": dense, "escalate": escalate, "untold": untold}[a.case](a.project)
     sys.exit(0)
