@@ -418,6 +418,25 @@ def test_autos_printed_keys_train_the_same_plan_again_without_planning(detect_da
     again, lines = run("again", **{k: v for k, v in overrides.items() if k != "mode"})
     assert again == chosen
     assert not any("auto: choosing" in x for x in lines)  # nothing planned
+    # or the run's args.yaml as cfg= on the command line: the same plan, planned nowhere, in a directory of its own
+    # (the old run's weights left as they were: args.yaml carries the old run's save_dir)
+    from yolo_ckpt.integration.cli import main
+
+    old = tmp_path / "auto"
+    weights = (old / "weights" / "last.pt").read_bytes()
+    lines.clear()
+    handler = logging.Handler()
+    handler.emit = lambda r: lines.append(r.getMessage())
+    LOGGER.addHandler(handler)
+    try:
+        assert main(["train", f"cfg={old / 'args.yaml'}"]) == 0
+    finally:
+        LOGGER.removeHandler(handler)
+    new = next(d for d in tmp_path.iterdir() if d.name.startswith("auto") and d != old)
+    keys = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode", "checkpoint_loss")
+    first, second = (yaml.safe_load((d / "args.yaml").read_text()) for d in (old, new))
+    assert {k: first[k] for k in keys} == {k: second[k] for k in keys}
+    assert not any("auto: choosing" in x for x in lines) and (old / "weights" / "last.pt").read_bytes() == weights
 
 
 def test_least_installs_the_plan_that_keeps_the_least_and_trains_like_vanilla(detect_data, tmp_path):

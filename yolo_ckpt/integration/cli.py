@@ -74,6 +74,9 @@ from .settings import (
 from .trainer import RTDETR, YOLO
 
 DEMO = "demo.yaml"  # the main job's settings, used when neither data= nor cfg= is given
+# keys of a run's args.yaml that belong to that run: trained again from it (cfg=args.yaml), a run gets its own
+# directory instead of writing into the old one's (Ultralytics' get_save_dir takes a save_dir as given)
+PAST_RUN = ("cfg", "save_dir")
 
 
 KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yaml
@@ -179,7 +182,8 @@ def parse_train_args(args: list[str]) -> dict:
                 if not Path(v).exists() and Path(v).parent.name in {"", "cfg"}:  # our recipes, also from a wheel
                     with contextlib.suppress(FileNotFoundError):
                         v = data_file("cfg", Path(v).name)
-                overrides = {**{k: v for k, v in YAML.load(checks.check_yaml(v)).items() if k != "cfg"}, **overrides}
+                overrides = {**{k: v for k, v in YAML.load(checks.check_yaml(v)).items() if k not in PAST_RUN},
+                             **overrides}
             else:
                 overrides[k] = v
         elif a in TASKS:
