@@ -61,15 +61,18 @@ def fresh_step(model, plan: PlanSettings | None, imgsz: int, batch: int) -> int:
     return state_bytes(m) + t.peak
 
 
-def check(name: str, imgsz: int, batch: int, candidates: bool = True) -> list[tuple[str, bool, str]]:
+def check(name: str, imgsz: int, batch: int, candidates: bool = True,
+          timed: bool = True) -> list[tuple[str, bool, str]]:
     """Each planning path on ``name``: (path, passed, what it found). ``candidates=False``: ``profile`` without its
-    candidates table (``cli.profile``), which no line here checks and which is most of a profile's time."""
+    candidates table (``cli.profile``), which no line here checks and which is most of a profile's time.
+    ``timed=False``: no step is timed (every planned time 0 s), as ``checkpoint_stages=least`` plans; no line here
+    checks a time, and timing is most of what is left."""
     model, out = build_model(name), []
     # measured once: profile's tradeoffs and every plan below use them
-    costs = unit_costs(model, StepShape(imgsz, objects=OBJECTS))
+    costs = unit_costs(model, StepShape(imgsz, objects=OBJECTS), timed=timed)
     with tempfile.TemporaryDirectory() as tmp:
         profile([f"model={name}", f"imgsz={imgsz}", "batch=1", f"project={tmp}", "name=p"], costs=costs,
-                candidates=candidates)
+                candidates=candidates, repeats=None if timed else 0)
         saved = json.loads((Path(tmp) / "p" / "profile.json").read_text())
     ok = [r["plan"] for r in saved["plans"]] == list(standard_plans(model)) and all(r["fits"] for r in saved["plans"])
     out.append(("profile", ok, f"{len(saved['plans'])} plans, task {saved.get('task', model.args.task)}"))

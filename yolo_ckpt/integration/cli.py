@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def profile(args: list[str], costs: Costs | None = None, candidates: bool = True) -> list[Path]:
+def profile(args: list[str], costs: Costs | None = None, candidates: bool = True,
+            repeats: int | None = None) -> list[Path]:
     """Run ``yolo-ckpt profile model=... imgsz=... batch=...``: per-stage and per-plan figures, saved and printed.
 
     With ``simulate_gpu=SIZE`` (CPU only, as in ``train``) the whole profile, the model built included, runs on a
@@ -315,7 +316,8 @@ def profile(args: list[str], costs: Costs | None = None, candidates: bool = True
     ``step.OBJECTS_PER_IMAGE`` objects, when the caller has already measured them (``benchmarks/every_model.py``
     plans with the same costs afterwards); otherwise the profile measures them. ``candidates=False`` (from Python
     only): the stages and plans tables alone, without ``tradeoff.tradeoffs`` (every candidate plan measured, most of a
-    profile's time), for a caller that checks only those (``tests/test_every_model.py``).
+    profile's time), for a caller that checks only those (``tests/test_every_model.py``). ``repeats`` (from Python
+    only): timed rounds of the plans (``None``: as planning times; 0: none, no time figures).
     """
     overrides = {k: v for k, v in parse_train_args(args).items() if k != "mode"}
     # no task= given: the model's own (``_profile_model``), as ``train`` infers it, not Ultralytics' default detect
@@ -330,7 +332,7 @@ def profile(args: list[str], costs: Costs | None = None, candidates: bool = True
             gpu.track([*model.parameters(), *model.buffers()])
             LOGGER.info(f"{colorstr('profile:')} simulate_gpu={cfg.simulate_gpu}: a {gpu.limit / 2**30:.3f} GB device "
                         f"on CPU, {gpu.counts}")
-        stages, plans, extra, batch = _profile_tables(model, cfg, amp, costs, candidates)
+        stages, plans, extra, batch = _profile_tables(model, cfg, amp, costs, candidates, repeats)
         if cfg.simulate_gpu is not None:
             extra.setdefault("notes", []).append(f"the simulated device peaked at "
                                                  f"{gpu.max_memory_allocated() / 2**20:.1f} MiB of "
@@ -391,7 +393,7 @@ def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:
 
 
 def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | None = None,
-                    candidates: bool = True) -> tuple[list[dict], list[dict], dict, int]:
+                    candidates: bool = True, repeats: int | None = None) -> tuple[list[dict], list[dict], dict, int]:
     """``profile``'s measured tables: ``(stages, plans, tradeoffs, batch)`` (``candidates=False``: no tradeoffs,
     ``{}``)."""
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
@@ -407,7 +409,7 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
         plans[f"all + head, loss {loss}"] = PlanSettings.of("all", layers="head", loss=loss)
     with Progress(colorstr("profile:")) as track:  # one bar over the whole profile, saying what it measures now
         stages = profile_stages(model, shape, track)
-        plans = compare_plans(model, shape, plans, track=track)
+        plans = compare_plans(model, shape, plans, repeats, track)
         if not candidates:
             return stages, plans, {}, batch
         fraction = cfg.batch if 0 < cfg.batch < 1 else 0.6
