@@ -569,3 +569,22 @@ def test_every_epochs_validation_computes_its_loss_under_the_run_plan(tmp_path, 
     ckpt = m.trainer.save_dir
     assert len(per_epoch) == 2 and all(n > 0 for n in per_epoch), per_epoch  # each epoch's validation: the plan
     assert_same_run(vanilla, ckpt)
+
+
+def test_least_is_the_tasks_chunked_plan_and_trains_as_it(tmp_path, small_data, counted):
+    """``checkpoint_loss=least``: the loss plan that keeps the least for the run's task, recorded as what it chose
+    (args.yaml: resume and ``cfg=`` train it). On segment it trains as ``chunked`` does, bit for bit (both runs' mask
+    loss recomputed: forwards counted); where no chunked plan exists it is Ultralytics' loss."""
+    import yaml
+
+    runs, masks = {}, {}
+    for how in ("chunked", "least"):
+        before = counted["mask"]
+        runs[how] = train_run("yolo11n-seg.yaml", small_data("segment"), tmp_path, how, {"checkpoint_loss": how},
+                              imgsz=160, nbs=2)
+        masks[how] = counted["mask"] - before
+    assert yaml.safe_load((runs["least"] / "args.yaml").read_text())["checkpoint_loss"] == "chunked"
+    assert masks["least"] == masks["chunked"] > 0
+    assert_same_run(runs["chunked"], runs["least"])
+    assert install.check_loss_setting("least", "classify") == "none"
+    assert install.check_loss_setting("least", "detect", "rtdetr-l.yaml") == "none"  # a Hungarian matcher

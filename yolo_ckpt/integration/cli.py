@@ -52,9 +52,9 @@ from ..planning.autobatch import parse_memory
 from ..planning.costs import Costs, unit_costs
 from ..planning.search import least_keeping
 from ..regions.families import DEFAULT_MODELS, ultralytics_class
-from ..regions.loss.install import LOSS_HELP
+from ..regions.loss.install import LOSS_HELP, check_loss_setting
 from ..regions.settings import PlanSettings
-from ..regions.spec import CheckpointConfigError, word
+from ..regions.spec import CheckpointConfigError
 from ..report.profiler import compare_plans, profile_stages, standard_plans, time_x, within_noise, write_profile
 from ..report.progress import Progress
 from ..report.summary import training_formats
@@ -398,7 +398,7 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
     ``{}``)."""
     batch = int(cfg.batch) if cfg.batch >= 1 else 4
     plans = standard_plans(model)
-    loss = word(cfg.checkpoint_loss) or "none"
+    loss = check_loss_setting(cfg.checkpoint_loss, cfg.task, str(cfg.model or ""))  # least: the task's own
     shape = StepShape(cfg.imgsz, batch, amp=amp)
     if is_least(cfg.checkpoint_stages):  # the plan that keeps the least, as a run with these keys measures it
         plans["least"] = least_keeping(unit_costs(model, shape, timed=False), batch).settings.with_loss(loss)

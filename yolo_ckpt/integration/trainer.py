@@ -49,7 +49,7 @@ from .epoch_memory import CALLBACKS, close_epoch_memory, validation_memory
 from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device
 from .offline import provide_fonts
 from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
-from .run_facts import settings_of
+from .run_facts import record_settings, settings_of
 from .run_memory import RunMemory
 from .settings import (
     CKPT_CFG_DICT,
@@ -176,6 +176,10 @@ class CheckpointMixin(DistributedMixin):
     def install_loss_plan(self, model: nn.Module) -> None:
         """Recompute the criterion as ``checkpoint_loss`` says (``yolo_ckpt.regions.loss.install``), and say so."""
         how = check_loss_setting(self.args.checkpoint_loss, self.args.task, model_name(model))
+        if word(self.args.checkpoint_loss) == "least":  # recorded as what it chose: resume and args.yaml train it
+            LOGGER.info(f"{PREFIX} checkpoint_loss=least: {how}, the loss plan that keeps the least for "
+                        f"task={self.args.task}")
+            record_settings(self, {"checkpoint_loss": how})
         enable_loss_checkpointing(model, how)
         if how == "exact":
             LOGGER.info(f"{PREFIX} checkpoint_loss=exact: each image's mask loss recomputed in backward, bit for bit")

@@ -67,9 +67,10 @@ LOSS_MODES = ("none", "exact", "chunked")
 """Values of ``checkpoint_loss``: ``none`` (Ultralytics' loss), ``exact`` (regions recomputed bit for bit),
 ``chunked`` (bounded memory, not bitwise)."""
 LOSS_HELP = ("'none' (Ultralytics' loss), 'exact' (bit for bit: each image's mask loss recomputed in backward; "
-             "segment) or 'chunked' (not bitwise, equal up to float rounding: the mask loss in chunks of foreground "
+             "segment), 'chunked' (not bitwise, equal up to float rounding: the mask loss in chunks of foreground "
              "rows, the semantic and depth losses in blocks of pixels, the assignment image by image; detect, segment, "
-             "semantic, depth, pose, obb)")
+             "semantic, depth, pose, obb) or 'least' (the one that keeps the least for the task: chunked where it "
+             "has it, else none)")
 LOSS_TASKS = {"exact": ("segment",), "chunked": ("detect", "segment", "semantic", "depth", "pose", "obb")}
 """Tasks whose criterion each value changes: ``exact`` the instance-mask loss, ``chunked`` also the semantic and depth
 losses and every ``TaskAlignedAssigner``. Classification and RT-DETR (a Hungarian matcher; its loss holds a few MiB)
@@ -79,7 +80,8 @@ memory, not that step's."""
 
 
 def check_loss_setting(value: Any, task: str | None, model_name: str = "") -> str:
-    """The ``checkpoint_loss`` word, or the one-line error naming what is valid.
+    """The ``checkpoint_loss`` word, or the one-line error naming what is valid. ``least`` is the loss plan that
+    keeps the least for ``task``: ``chunked`` where the task has it (each piece bounded by its chunk), else ``none``.
 
     Args:
         value: The key's value (``None`` or empty means ``none``; words are case-insensitive).
@@ -90,6 +92,9 @@ def check_loss_setting(value: Any, task: str | None, model_name: str = "") -> st
         CheckpointConfigError: For an unknown value, or ``exact`` on a task or model it cannot help.
     """
     word = "none" if value in (None, "", False) else str(value).strip().lower()
+    if word == "least":
+        chunked = task in (*LOSS_TASKS["chunked"], None) and "rtdetr" not in model_name.lower()
+        return "chunked" if chunked else "none"
     if word not in LOSS_MODES:
         raise CheckpointConfigError(f"checkpoint_loss={value!r} is invalid. Valid: {LOSS_HELP}.")
     if word != "none" and (task not in (*LOSS_TASKS[word], None) or "rtdetr" in model_name.lower()):
