@@ -94,6 +94,13 @@ def auto_batch(trainer: Any) -> int:
     return batch
 
 
+def record_planned_batch(trainer: Any) -> None:
+    """``on_pretrain_routine_end``: where AutoBatch chose the batch, args.yaml records it, as last.pt's training
+    arguments do, so that a run trained again from args.yaml (``cfg=``, tuning's next iterations) trains at it."""
+    if trainer.run_memory.batch_planned:
+        record_settings(trainer)
+
+
 def choose_auto_plan(trainer: Any) -> None:
     """Resolve ``checkpoint_stages=auto`` or ``least`` for a fixed batch at ``on_pretrain_routine_end``: the model is
     on its device, frozen and batched by then (AutoBatch resolves them earlier, in ``auto_batch``)."""

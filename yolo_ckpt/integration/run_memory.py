@@ -63,6 +63,7 @@ class RunMemory:
         meter (Any): The epoch's ``EpochPeak``, once the first epoch started; it measures validation too.
         escalation (Escalation): What escalation remembers across Ultralytics' retry.
         val_without_loss (bool): Validation ran out of memory at batch 1: it computes no loss from then on.
+        batch_planned (bool): AutoBatch chose the batch (``batch=-1`` or a fraction): args.yaml records it.
     """
 
     target: int | None = None
@@ -75,6 +76,7 @@ class RunMemory:
     meter: Any = None
     escalation: Escalation = field(default_factory=Escalation)
     val_without_loss: bool = False
+    batch_planned: bool = False
 
     def aim(self, device: torch.device, memory_budget: str | float | None, fraction: float) -> MemoryTarget:
         """The run's memory target, in exact tensor bytes, and its share (``target``) from now on.

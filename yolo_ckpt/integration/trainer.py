@@ -46,7 +46,7 @@ from ..report.summary import PREFIX, compare_with_vanilla, say_why_map_is_zero
 from . import memory_hooks, multitrain, tuning
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, close_epoch_memory, validation_memory
-from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device
+from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device, record_planned_batch
 from .offline import provide_fonts
 from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
 from .run_facts import record_settings, settings_of
@@ -113,7 +113,8 @@ class CheckpointMixin(DistributedMixin):
         self.run_memory = RunMemory()  # the run's memory decisions and what they remember
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
                 ("on_pretrain_routine_end", choose_auto_plan), ("on_pretrain_routine_end", skip_frozen_stages),
-                ("on_pretrain_routine_end", plan_validation_for_device), ("on_fit_epoch_end", say_why_map_is_zero),
+                ("on_pretrain_routine_end", plan_validation_for_device),
+                ("on_pretrain_routine_end", record_planned_batch), ("on_fit_epoch_end", say_why_map_is_zero),
                 ("on_train_end", compare_with_vanilla)]
         for event, fn in reversed(ours):  # ahead of every other callback, in this order: a user's reads our figures
             if fn not in self.callbacks[event]:  # a DDP worker is built with the parent's callbacks, ours included
@@ -292,6 +293,7 @@ class CheckpointMixin(DistributedMixin):
         plan: Ultralytics froze layers before AutoBatch, so the plan that will train is measured. Our mixin comes first
         in the MRO, so this replaces the task trainer's ``auto_batch`` too."""
         skip_frozen_stages(self)
+        self.run_memory.batch_planned = True
         return memory_hooks.auto_batch(self)
 
     def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train"):
