@@ -17,10 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SUBSET = "test_distill_resume or test_distill and detect"  # pytest -k over Ultralytics' tests
 EXPECTED = 2  # tests SUBSET selects
-KNOWN_BROKEN = {  # test -> why it fails with ours today; an entry that passes fails this test: remove it then
-    "tests/test_engine.py::test_distill_resume": "issue 46: resuming distillation checks the plan against last.pt, "
-    "whose model is Ultralytics' DistillationModel (regions.graph._built reads its .model; the student's is meant)",
-}
+KNOWN_BROKEN: dict[str, str] = {}  # test -> why it fails with ours today; an entry that passes fails this test
 
 
 @pytest.mark.heavy(3)

@@ -68,6 +68,9 @@ def _built(model: Any) -> tuple[nn.Sequential, list[int], dict | None, str]:
         from ultralytics.nn.tasks import load_checkpoint
 
         model = load_checkpoint(model)[0]
+    student = getattr(model, "student_model", None)  # distillation's last.pt holds Ultralytics' DistillationModel
+    if isinstance(student, nn.Module):  # (8.4.190): its student is what trains, as install.network finds it
+        model = student
     if isinstance(model, (str, Path, dict)):
         from ultralytics.nn.tasks import parse_model, yaml_model_load
 
