@@ -275,6 +275,8 @@ def test_the_console_table_fits_and_ends_with_the_command_of_the_least_plan(mini
     line = recommendation(rows, "yolo-ckpt train model=mini.yaml")
     best = min(rows[1:], key=lambda r: r["peak_ratio"])
     assert line.startswith(f"the least memory of these plans, {best['plan']} (") and best["peak_ratio"] < 1
+    sentence, command = line.splitlines()  # the command on a line of its own, to copy
+    assert len(f"profile: {sentence}") <= 120 and command.startswith("  yolo-ckpt train model=mini.yaml ")
     keys = parse_train_args(["train", *shlex.split(line.split("yolo-ckpt train ", 1)[1])])
     assert PlanSettings.from_keys(keys) == plans[best["plan"]]
     assert recommendation(rows[:1], "yolo-ckpt train") is None  # vanilla alone: nothing to recommend

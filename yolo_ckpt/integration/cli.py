@@ -379,8 +379,8 @@ def recommendation(rows: list[dict], command: str) -> str | None:
     best = min(measured, key=lambda r: (r["peak_ratio"], r["flops_ratio"]))
     time = ("" if best["time_ratio"] is None else ", its time within the timing noise" if within_noise(best)
             else f", {best['time_ratio']:.2f}x its time")
-    return f"the least memory of these plans, {best['plan']} ({best['peak_ratio']:.2f}x vanilla's step{time}): " \
-           f"{command} {best['keys']}"
+    return f"the least memory of these plans, {best['plan']} ({best['peak_ratio']:.2f}x vanilla's step{time}), " \
+           f"trains with:\n  {command} {best['keys']}"
 
 
 def _profile_model(model_name: str, cfg: SimpleNamespace) -> tuple[Any, Any]:

@@ -229,8 +229,14 @@ def write_profile(save_dir: Path, stages: list[dict], plans: list[dict], extra: 
             writer.writerows(rows)
     fig, ax = plt.subplots(figsize=(6, 4.5))
     x, y, unit = axes(plans, ("time_ratio", "peak_ratio", " / vanilla"), ("step_s", "peak_MiB", ""))
-    legend_points(ax, [r for r in plans if r[x] is not None and r[y] is not None], x, y, lambda r: r["plan"])
-    ax.set(xlabel=f"step time{unit or ' (s)'}", ylabel=f"peak live tensor bytes{unit or ' (MiB)'}",
+    shown = [r for r in plans if r[x] is not None and r[y] is not None]
+    legend_points(ax, shown, x, y, lambda r: r["plan"])
+    if x == "time_ratio" and (noisy := [r for r in shown if r.get("time_spread")]):  # the timing noise, as measured
+        ax.errorbar([r[x] for r in noisy], [r[y] for r in noisy], xerr=[r["time_spread"] for r in noisy], fmt="none",
+                    ecolor="grey", elinewidth=0.8, capsize=2, zorder=2)
+        ax.axvline(1.0, color="grey", linestyle=":", linewidth=0.8)
+    spread = ", ± half the rounds' spread" if x == "time_ratio" else ""
+    ax.set(xlabel=f"step time{unit or ' (s)'}{spread}", ylabel=f"peak live tensor bytes{unit or ' (MiB)'}",
            title="checkpointing trade-off" + ("" if unit else " (vanilla does not fit the device)"))
     ax.grid(alpha=0.3)
     fig.savefig(paths[3], dpi=150, bbox_inches="tight")
