@@ -125,14 +125,15 @@ def plan_settings(name: str, model: nn.Module) -> PlanSettings | None:
 
 
 def measure(base: nn.Module, shape: StepShape, plan: str, compiled: bool, budget: float | None,
-            repeats: int) -> Row:
-    """One case: a fresh copy of ``base`` with the plan, compiled or not, warmed, profiled, tracked, timed."""
+            repeats: int, backend: str = "inductor") -> Row:
+    """One case: a fresh copy of ``base`` with the plan, compiled (with ``backend``) or not, warmed, profiled,
+    tracked, timed."""
     settings = plan_settings(plan, base)
     model = with_plan(base, settings or PlanSettings(loss="none"))
     batch = training_batch(model, shape)
     torch._dynamo.reset()
     config = torch._functorch.config.patch(activation_memory_budget=budget) if budget is not None else nullcontext()
-    forward = torch.compile(model, mode="default", backend="inductor") if compiled else model
+    forward = torch.compile(model, mode="default", backend=backend) if compiled else model
     name = f"{'compiled' if compiled else 'eager'} {plan}" + (f", budget {budget:g}" if budget is not None else "")
     try:
         with config:  # the partitioner reads the budget when the graph compiles (the warm step)
@@ -176,6 +177,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--objects", type=int, default=50, help="labelled objects per image")
     p.add_argument("--repeats", type=int, default=1, help="timed steps per case (median)")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: a quick check)")
     p.add_argument("--cases", nargs="+", default=list(PLANS), choices=PLANS)
     p.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True, help="measure eager cases too")
     p.add_argument("--budgets", nargs="*", type=float, default=[0.5, 0.3],
@@ -192,10 +194,10 @@ def main() -> None:
     cases += [(plan, True, b) for b in args.plan_budgets for plan in args.cases if plan != "vanilla"]
     rows = []
     for plan, compiled, budget in cases:
-        rows.append(measure(base, shape, plan, compiled, budget, args.repeats))
+        rows.append(measure(base, shape, plan, compiled, budget, args.repeats, args.backend))
         print(f"measured {rows[-1].name}: {rows[-1].peak / MiB:.1f} MiB", flush=True)
     print(f"\n{args.model}, {args.imgsz} px, batch {args.batch}, fp32, {torch.get_num_threads()} thread(s), "
-          f"torch {torch.__version__}:\n")
+          f"torch {torch.__version__}, compiled with {args.backend}:\n")
     print(table(rows))
 
 

@@ -159,3 +159,29 @@ def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(small_data, mi
     assert_same_run(runs["vanilla"], runs["ckpt"])
     (row,) = results(runs["ckpt"])
     assert "mem/peak_tensor_GB" not in row and float(row["mem/peak_rss_GB"]) > 0  # RSS, and compile stayed on
+
+
+def test_profiler_allocation_peak_is_the_tracker_peak_on_eager_steps_and_measures_compiled_ones():
+    """``benchmarks/compiled_memory.py``'s figure for a compiled step on CPU is the high-water mark of torch.profiler's
+    allocation records; on eager steps it stands beside the exact ``LiveTensorTracker`` and must agree with it: the
+    profiler also counts what kernels allocate and free inside an op (scratch), so it may lie above the tracker, by
+    at most 2% here (yolo11n at 160 px: 1.1% vanilla, 0.03% ``all`` + ``head``, 0.1% the least-keeping plan; the
+    issue's 640 px case: within 1.1%). A compiled step (``aot_eager``: the partitioned graphs, seconds to compile)
+    is measured by the profiler alone, and keeps less for backward with the least-keeping plan than without."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from compiled_memory import measure
+
+    from yolo_ckpt.memory.step import build_model
+
+    torch.manual_seed(0)
+    base = build_model("yolo11n.yaml")
+    shape = StepShape(160, 2)
+    for plan in ("vanilla", "all+head", "least"):
+        row = measure(base, shape, plan, compiled=False, budget=None, repeats=0)
+        assert row.tracked <= row.peak <= 1.02 * row.tracked, (plan, row)
+        assert 0 < row.kept < row.peak
+    vanilla, least = (measure(base, shape, p, compiled=True, budget=None, repeats=0, backend="aot_eager")
+                      for p in ("vanilla", "least"))
+    assert vanilla.tracked is None and vanilla.peak > 0 and least.kept < vanilla.kept / 2, (vanilla, least)
