@@ -23,7 +23,7 @@ from yolo_ckpt.planning.autobatch import plan_batch
 from yolo_ckpt.planning.choice import choose_plan, choose_plan_and_batch
 from yolo_ckpt.planning.costs import unit_costs
 from yolo_ckpt.planning.search import candidates, least_keeping, space_size
-from yolo_ckpt.planning.units import HEAD, NECK, NESTED, PARTS, UNIT_MODES, Candidate, NothingFits, UnitMode
+from yolo_ckpt.planning.units import HEAD, NECK, NESTED, PARTS, UNIT_MODES, Candidate, NothingFits, UnitMode, describe
 from yolo_ckpt.regions.install import disable_checkpointing
 from yolo_ckpt.regions.plan import CheckpointPlan
 from yolo_ckpt.regions.spec import CheckpointConfigError
@@ -146,6 +146,38 @@ def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive, tim
     chosen = next(line for line in lines if "<- chosen" in line).split()
     assert float(chosen[-6]) == round(tight.candidate.seconds, 3) and float(chosen[-5]) > 0  # predicted, measured
     assert f"measured {tight.measured_seconds:.3f} s" in lines[-1]
+
+
+def test_least_is_the_plan_a_real_step_measures_keeping_the_least(monkeypatch):
+    """``checkpoint_stages=least`` measures the plans predicted to keep the least (``choice.measured_least``) and
+    returns the one that keeps the least in a step measured here by a fresh tracker, not the prediction's first: the
+    predictions of those plans are handed to it in reverse (a prediction that ranks close plans the wrong way round,
+    as on yolo26n-sem at 1024 px)."""
+    import dataclasses
+
+    from yolo_ckpt.memory.step import build_model
+    from yolo_ckpt.planning import choice
+    from yolo_ckpt.planning.choice import LEAST_MEASURED, measured_least
+
+    from support import measured_step
+
+    model, imgsz, objects = build_model("yolo26n-sem.yaml"), 256, 20
+    costs = unit_costs(model, StepShape(imgsz, objects=objects), timed=False)
+    ranked = sorted(candidates(costs, 2, 0, loss=False), key=lambda c: (c.predicted_bytes, -c.flops))
+    top = ranked[:LEAST_MEASURED]
+    wrong = [dataclasses.replace(c, predicted_bytes=p.predicted_bytes) for c, p in zip(top, reversed(top))]
+    monkeypatch.setattr(choice, "candidates", lambda *a, **k: [*wrong, *ranked[LEAST_MEASURED:]])
+    chosen = measured_least(model, costs, StepShape(imgsz, 2, objects))
+
+    def fresh(c: Candidate) -> int:
+        m = with_plan(model, c.installs.with_loss(None))
+        got = measured_step(m, imgsz, 1, objects)
+        disable_checkpointing(m)
+        return got
+
+    steps = {c.key: fresh(c) for c in top}
+    assert chosen.key in steps and steps[chosen.key] == min(steps.values()), (describe(chosen), steps)
+    assert len(set(steps.values())) > 1  # the plans differ: the prediction's first would not do
 
 
 def test_auto_reaches_below_every_layer_plan_with_the_exact_loss():

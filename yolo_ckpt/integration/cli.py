@@ -49,8 +49,8 @@ from ..memory import step
 from ..memory.device import SimulatedDevice
 from ..memory.step import StepShape
 from ..planning.autobatch import parse_memory
+from ..planning.choice import measured_least
 from ..planning.costs import Costs, unit_costs
-from ..planning.search import least_keeping
 from ..regions.families import DEFAULT_MODELS, ultralytics_class
 from ..regions.loss.install import LOSS_HELP, check_loss_setting
 from ..regions.settings import PlanSettings
@@ -401,7 +401,7 @@ def _profile_tables(model: Any, cfg: SimpleNamespace, amp: Any, costs: Costs | N
     loss = check_loss_setting(cfg.checkpoint_loss, cfg.task, str(cfg.model or ""))  # least: the task's own
     shape = StepShape(cfg.imgsz, batch, amp=amp)
     if is_least(cfg.checkpoint_stages):  # the plan that keeps the least, as a run with these keys measures it
-        plans["least"] = least_keeping(unit_costs(model, shape, timed=False), batch).settings.with_loss(loss)
+        plans["least"] = measured_least(model, unit_costs(model, shape, timed=False), shape).settings.with_loss(loss)
     elif not is_auto(cfg.checkpoint_stages) and (cfg.checkpoint_stages or cfg.checkpoint_layers):  # the user's too
         plans["yours"] = PlanSettings.from_keys(cfg).with_loss(loss)
     if loss != "none":  # the loss plan alone and with the whole network (every other row: Ultralytics' loss)

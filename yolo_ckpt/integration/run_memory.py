@@ -33,6 +33,7 @@ from ultralytics.utils import LOGGER
 from ..memory.device import DeviceMemory, device_memory
 from ..memory.step import StepShape, batch_bytes, loop_bytes
 from ..planning.autobatch import MemoryTarget, parse_memory
+from ..planning.choice import measured_least
 from ..planning.costs import unit_costs
 from ..planning.escalation import keeps_least
 from ..planning.random_state import Generators, random_state_kept
@@ -100,8 +101,9 @@ class RunMemory:
         return target
 
     def least_plan(self, model: nn.Module, shape: StepShape) -> PlanSettings:
-        """``checkpoint_stages=least``: the plan predicted to keep the least at ``shape`` (``search.least_keeping``
-        over each unit's measured bytes, untimed), which is also where escalation ends.
+        """``checkpoint_stages=least``: of the plans predicted to keep the least at ``shape`` (each unit's bytes
+        measured, untimed), the one a real step measures keeping the least (``choice.measured_least``), which is also
+        where escalation ends.
 
         Raises:
             CheckpointConfigError: When not even the plain step at batch 1 fits the device.
@@ -112,6 +114,8 @@ class RunMemory:
         except ValueError as e:
             raise CheckpointConfigError(str(e).replace("checkpoint_stages=auto", "checkpoint_stages=least")) from None
         self.escalation.measured(costs, shape.batch)
+        with random_state_kept(Generators.TORCH):
+            self.escalation.least = measured_least(model, costs, shape).settings
         return self.escalation.least
 
     def batch_for_budget(self, model: nn.Module, shape: StepShape, target: MemoryTarget, described: str,
