@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -192,6 +193,52 @@ YOLO("yolo11n.yaml").train(data=r"{detect_data}", project=r"{tmp_path}", name="t
     final = {e.step: e.value for e in events.Scalars("mem/peak_tensor_GB")}[4]
     assert final == pytest.approx(float(rows[-1]["mem/peak_tensor_GB"]), rel=1e-5) and final > 0
     assert {e.step for e in events.Scalars("mem/val_peak_tensor_GB")} == {3, 4}  # epochs 1-2 not validated: NaN
+
+
+LOGGER_PROBE = """
+import json, sys
+from unittest import mock
+
+stubs = {name: mock.MagicMock(__version__="99.0.0", __spec__=None)
+         for name in ("mlflow", "wandb", "clearml", "comet_ml")}
+sys.modules.update(stubs)  # each library, recording every call Ultralytics' callback makes on it
+for sub in ("binding", "binding.frameworks", "binding.frameworks.pytorch_bind", "binding.matplotlib_bind"):
+    sys.modules["clearml." + sub] = getattr(stubs["clearml"], sub.replace(".", "_"))
+from ultralytics import settings
+settings.update({"mlflow": True, "wandb": True, "clearml": True, "comet": True})
+from yolo_ckpt import YOLO
+YOLO("yolo11n.yaml").train(data=sys.argv[1], project=sys.argv[2], name="r", checkpoint_stages=[2, 3], epochs=2,
+                           imgsz=64, batch=4, workers=0, device="cpu", plots=False)
+got = {}
+for name, stub in stubs.items():  # the values logged under the key: in a dict of metrics, or as a series' name
+    got[name] = values = []
+    for _, args, kwargs in stub.mock_calls:
+        items = [*args, *kwargs.values()]
+        for i, a in enumerate(items):
+            if isinstance(a, dict) and "mem/peak_tensor_GB" in a:
+                values.append(float(a["mem/peak_tensor_GB"]))
+            elif isinstance(a, str) and a == "mem/peak_tensor_GB":
+                values += [float(x) for x in items[i + 1:] if isinstance(x, float)][:1]
+print("LOGGED", json.dumps(got))
+"""
+
+
+def test_memory_reaches_every_logger_ultralytics_ships(detect_data, tmp_path):
+    """MLflow, Weights & Biases, ClearML and Comet: Ultralytics' own callbacks for each (their code as shipped, the
+    library replaced by a stand-in that records every call, none being installable offline here) log
+    ``mem/peak_tensor_GB`` under that one name, with results.csv's value, for each epoch and the final evaluation.
+    DVC is not tested: its callback reads dvclive's installed version (dvc's 79 packages). TensorBoard: above, for
+    real."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # Ultralytics' loggers are off in tests
+    env.update(YOLO_CONFIG_DIR=str(tmp_path / "config"), YOLO_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-c", LOGGER_PROBE, detect_data, str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    logged = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("LOGGED ")).split(" ", 1)[1])
+    csv = [float(r["mem/peak_tensor_GB"]) for r in results(tmp_path / "r")]
+    assert len(csv) == 2 and all(v > 0 for v in csv)
+    for name, values in logged.items():  # each epoch's, then the final evaluation's (the last epoch's peak)
+        assert values == pytest.approx([*csv, csv[-1]], rel=1e-5), (name, values, csv)
 
 
 def test_a_users_callback_reads_this_epochs_memory(detect_data, tmp_path):
