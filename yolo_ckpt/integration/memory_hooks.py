@@ -128,8 +128,9 @@ def least_plan(trainer: Any, objects: int, batch: int) -> None:
     record_settings(trainer, decision["keys"])
     settings = settings_of(trainer)
     settings.install(model)
-    LOGGER.info(f"{PREFIX} checkpoint_stages=least: {settings.resolve(model).describe(settings.mode)}, the plan "
-                f"predicted to keep the least at imgsz={planning_imgsz(trainer)}, batch {batch}; to train it again "
+    LOGGER.info(f"{PREFIX} checkpoint_stages=least: {settings.resolve(model).describe(settings.mode)}, of the plans "
+                f"predicted to keep the least the one measured keeping the least at imgsz={planning_imgsz(trainer)}, "
+                f"batch {batch}; to train it again "
                 f"without measuring, pass {settings}")
 
 
