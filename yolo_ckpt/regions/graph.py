@@ -62,15 +62,20 @@ def model_stages(model: Any) -> dict[int, tuple[int, ...]]:
     return _analyse(model)[0]
 
 
+def student(model: Any) -> Any:
+    """The model that trains inside knowledge distillation's wrapper (``distill_model=``: Ultralytics wraps the student
+    in a ``DistillationModel`` whose ``student_model`` it trains, 8.4.190), else ``model`` itself."""
+    inner = getattr(model, "student_model", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
 def _built(model: Any) -> tuple[nn.Sequential, list[int], dict | None, str]:
     """Layers, ``save`` list, YAML dict and name of a built model, a ``.pt`` file, a YAML path/name or dict."""
     if isinstance(model, (str, Path)) and Path(model).suffix == ".pt":
         from ultralytics.nn.tasks import load_checkpoint
 
         model = load_checkpoint(model)[0]
-    student = getattr(model, "student_model", None)  # distillation's last.pt holds Ultralytics' DistillationModel
-    if isinstance(student, nn.Module):  # (8.4.190): its student is what trains, as install.network finds it
-        model = student
+    model = student(model)  # distillation's last.pt holds Ultralytics' DistillationModel
     if isinstance(model, (str, Path, dict)):
         from ultralytics.nn.tasks import parse_model, yaml_model_load
 

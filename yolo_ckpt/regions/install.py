@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from ultralytics.utils.torch_utils import unwrap_model
 
-from .graph import layer_inputs
+from .graph import layer_inputs, student
 from .plan import CheckpointPlan, Region
 from .recompute import MODES, checkpoint_region, enclosing_hooks, stored_as_around
 from .spec import CheckpointConfigError
@@ -273,9 +273,7 @@ def network(model: nn.Module) -> nn.Module:
     (Ultralytics' ``unwrap_model``), and knowledge distillation's student (``distill_model=``: Ultralytics wraps the
     student in a ``DistillationModel`` whose ``student_model`` it trains, 8.4.190; the teacher runs without
     gradients, so a plan on it would keep nothing less)."""
-    model = unwrap_model(model)
-    student = getattr(model, "student_model", None)
-    return student if isinstance(student, nn.Module) else model
+    return student(unwrap_model(model))
 
 
 def check_plan(plan: CheckpointPlan, mode: str, compile: Any = False) -> None:
