@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from yolo_ckpt.memory.allocations import BACKWARD_MARK, profile_step
 from yolo_ckpt.memory.step import StepShape, build_model, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.search import deepest
@@ -60,34 +61,6 @@ class Row:
     seconds: float
 
 
-def memory_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
-    """``(time_ns, bytes)`` of every allocation record of the trace (+ allocated, - freed), in time order.
-
-    The raw records (``kineto_results``): ``prof.events()`` attributes a record made inside an op to that op and
-    lists only the rest as ``[memory]``."""
-    records = prof.profiler.kineto_results.events()
-    return sorted(((e.start_ns(), e.nbytes()) for e in records if e.name() == "[memory]"), key=lambda e: e[0])
-
-
-def profile_step(step: Callable[[], None], backward_mark: str = "## backward ##") -> tuple[int, int]:
-    """Peak and kept-at-backward bytes of ``step()`` from the profiler's allocation records (see module doc).
-
-    ``step`` wraps its backward in ``torch.profiler.record_function(backward_mark)``.
-    """
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = prof.profiler.kineto_results.events()
-    backward_at = min((e.start_ns() for e in events if e.name() == backward_mark), default=None)
-    current = peak = 0
-    kept = None
-    for t, nbytes in memory_events(prof):
-        if kept is None and backward_at is not None and t >= backward_at:
-            kept = current
-        current += nbytes
-        peak = max(peak, current)
-    return peak, current if kept is None else kept
-
-
 def training_step(model: nn.Module, forward: Callable[[torch.Tensor], object], batch: dict) -> Callable[[], None]:
     """One training step as Ultralytics runs it: compiled, ``model.loss(batch, forward(img))`` (the criterion
     outside the graph); eager, ``model.loss(batch)``."""
@@ -97,7 +70,7 @@ def training_step(model: nn.Module, forward: Callable[[torch.Tensor], object], b
         preds = forward(batch["img"]) if forward is not model else None
         loss, _ = model.loss(batch, preds) if preds is not None else model.loss(batch)
         loss = loss.sum()
-        with torch.profiler.record_function("## backward ##"):
+        with torch.profiler.record_function(BACKWARD_MARK):
             loss.backward()
         del loss, preds
         model.zero_grad(set_to_none=True)

@@ -7,8 +7,18 @@ run                         source                                    results.cs
 ==========================  ========================================  ===============================================
 CUDA                        caching allocator peaks                   ``mem/peak_alloc_GB``, ``mem/peak_reserved_GB``
 CPU (any non-CUDA device)   exact live tensor bytes (dispatch mode)   ``mem/peak_tensor_GB``
-CPU with ``compile=True``   process peak RSS (``VmHWM``)              ``mem/peak_rss_GB``
+CPU with ``compile=True``   one sampled step's allocation records     ``mem/peak_tensor_GB``
 ==========================  ========================================  ===============================================
+
+Under ``compile=True`` on CPU the exact tracker cannot run (a dispatch mode: dynamo skips compiled frames under it),
+so the epoch's figure is one step's, measured from torch.profiler's allocation records
+(:mod:`yolo_ckpt.memory.allocations`): the second step of each epoch (``SAMPLED_STEP``; the first compiles in the
+first epoch), profiled from the end of the step before it, so that its batch's loading counts, plus the tensors alive
+when it starts (weights, buffers, gradients, the EMA, the optimizer state, and the batch of the step before, which
+Ultralytics' loop holds into the next step at every second step), as the tracker counts them. One step in
+an epoch is profiled: a step's profile costs a fraction of a step, and an epoch's steps have the same shape. An epoch
+of a single step measures nothing (NaN, said on the console). Validation runs the EMA, which is never compiled
+(Ultralytics' ``ModelEMA`` copies the unwrapped model), so it keeps the exact tracker.
 
 Validation is measured with the same meter, in columns of its own beside the epoch's (``mem/val_peak_tensor_GB``, ...;
 NaN in an epoch that does not validate); the final evaluation's peak goes to the console and to the metrics of its
@@ -45,26 +55,31 @@ from typing import Any
 import torch
 from ultralytics.utils import LOGGER, colorstr
 
+from ..memory.allocations import AllocationWindow
 from ..memory.device import simulated_device
-from ..memory.tracker import GB, CudaPeak, LiveTensorTracker, cuda_peak, reset_rss_peak, rss_peak
+from ..memory.tracker import GB, CudaPeak, LiveTensorTracker, cuda_peak
 from .distributed import gather
 
 SOURCES: dict[str, tuple[tuple[str, ...], str]] = {  # source -> (results.csv columns, what the console line says)
     "cuda": (("mem/peak_alloc_GB", "mem/peak_reserved_GB"), "allocated/reserved (CUDA allocator)"),
     "tensor": (("mem/peak_tensor_GB",), "live tensor bytes (exact, CPU)"),
-    "rss": (("mem/peak_rss_GB",), "process peak RSS (CPU, compiled)"),
+    "allocations": (("mem/peak_tensor_GB",), "tensor bytes of step {step} from allocation records (CPU, compiled)"),
 }
 PREFIX = colorstr("memory:")
+SAMPLED_STEP = 2
+"""The step of each epoch a compiled CPU run profiles (1-based): the first after one has run, warm."""
 
 
 class EpochPeak:
     """Peak memory of one epoch: ``start()`` when it begins, ``stop()`` when it ends, ``close()`` on any exit.
 
     Attributes:
-        source (str): ``"cuda"``, ``"tensor"`` (exact CPU tracking) or ``"rss"`` (CPU under torch.compile).
-        tracker (LiveTensorTracker | None): The exact tracker for ``"tensor"``; entered at ``start`` and exited at
-            ``stop`` on the same thread. Tensors alive before the first ``start`` count only if passed to its
-            ``track``; tensors allocated in an earlier epoch and still alive keep counting.
+        source (str): ``"cuda"``, ``"tensor"`` (exact CPU tracking) or ``"allocations"`` (CPU under torch.compile:
+            one sampled step's allocation records, ``step_ended``).
+        tracker (LiveTensorTracker | None): The exact tracker for ``"tensor"``, and for the eager blocks of
+            ``"allocations"`` (``start(eager=True)``); entered at ``start`` and exited at ``stop`` on the same thread.
+            Tensors alive before the first ``start`` count only if passed to its ``track``; tensors allocated in an
+            earlier epoch and still alive keep counting.
     """
 
     def __init__(self, device: torch.device | str | int | None = None, compiled: bool = False) -> None:
@@ -72,22 +87,29 @@ class EpochPeak:
 
         Args:
             device: Training device; an int or ``None`` with CUDA available means a CUDA device.
-            compiled: The model runs under ``torch.compile``; on CPU this selects process RSS, because exact
-                tracking runs every op through a dispatch mode that compiled graphs cannot contain.
+            compiled: The model runs under ``torch.compile``; on CPU this selects allocation records of a sampled
+                step, because exact tracking runs every op through a dispatch mode that compiled graphs cannot contain.
         """
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        self.source = "cuda" if self.device.type == "cuda" else "rss" if compiled else "tensor"
+        self.source = "cuda" if self.device.type == "cuda" else "allocations" if compiled else "tensor"
         # on a simulated device every tensor of the run is counted already: its own peak is the epoch's
         self.simulated = simulated_device() if self.source == "tensor" else None
-        self.tracker = LiveTensorTracker() if self.source == "tensor" and self.simulated is None else None
+        self.tracker = LiveTensorTracker() if self.source != "cuda" and self.simulated is None else None
         self._running = False
         self._ops_at_start = 0
         # the epoch's ``cuda_peak`` block, entered at ``start`` and ended at ``stop``: the epoch spans two callbacks
         self._cuda: AbstractContextManager[CudaPeak] | None = None
         self._cuda_peak: CudaPeak | None = None
-        self._rss_ok = False
+        # "allocations": the sampled step's window, the bytes alive when it opened, steps ended, the figure
+        self._window = AllocationWindow()
+        self._held = 0
+        self._steps = 0
+        self._sampled: int | None = None
+        self._tracking = False  # the tracker is entered (an eager block)
+        self._eager = False  # what is measured runs eagerly (``start(eager=True)``)
+        self.batch_bytes = 0  # the last training batch's, counted beside the sampled step (``batch_ready``)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -97,44 +119,74 @@ class EpochPeak:
     @property
     def description(self) -> str:
         """What the figures are, for the console line."""
-        return "live tensor bytes on the simulated device (exact, CPU)" if self.simulated else SOURCES[self.source][1]
+        if self.simulated:
+            return "live tensor bytes on the simulated device (exact, CPU)"
+        if self.source == "allocations" and self._eager:
+            return "live tensor bytes (exact, CPU: it runs eagerly)"
+        return SOURCES[self.source][1].format(step=SAMPLED_STEP)
 
     @property
     def running(self) -> bool:
         """Whether an epoch is being measured."""
         return self._running
 
-    def start(self) -> None:
-        """Begin measuring an epoch; if one is being measured already (restarted without an end), restart its peak."""
+    def start(self, eager: bool = False) -> None:
+        """Begin measuring an epoch; if one is being measured already (restarted without an end), restart its peak.
+
+        Args:
+            eager: What runs until ``stop`` runs eagerly (validation): a compiled CPU run tracks it exactly rather
+                than sampling a step.
+        """
+        self._eager = eager
         if self.source == "cuda":
             self._cuda = cuda_peak(self.device)  # a block restarted without its end is dropped unread
             self._cuda_peak = self._cuda.__enter__()
-        elif self.source == "rss":
-            self._rss_ok = reset_rss_peak()
+        elif self.source == "allocations" and not eager:
+            self._window.close()
+            self._steps, self._sampled = 0, None
+            if self._tracking:
+                self.tracker.__exit__(None, None, None)
+                self._tracking = False
         elif self.simulated is not None:
             self.simulated.reset_peak()
             self._ops_at_start = self.simulated.num_ops
         else:
             self.tracker.reset_peak()
             self._ops_at_start = self.tracker.num_ops
-            if not self._running:
+            if not self._tracking:
                 self.tracker.__enter__()
+                self._tracking = True
         self._running = True
+
+    def step_ended(self, held: int) -> None:
+        """A compiled CPU run's training step ended (``on_train_batch_end``): open the sampled step's window after
+        the step before it, and close it after the sampled step. ``held``: bytes of the tensors alive now that a step
+        finds (``held_bytes``); read only where the window opens."""
+        if self.source != "allocations" or not self._running or self._tracking:
+            return
+        self._steps += 1
+        if self._window.running:
+            self._sampled = self._held + self._window.stop().peak
+        elif self._steps == SAMPLED_STEP - 1:
+            self._held = held
+            self._window.start()
 
     def stop(self) -> dict[str, float]:
         """End the epoch and return its peaks in GB; ``{}`` when not measuring or nothing was measured."""
         if not self._running:
             return {}
-        if self.tracker is not None:
+        tracked = self._tracking
+        if tracked:
             self.tracker.__exit__(None, None, None)  # raises (and stays entered) if another mode is on top
+            self._tracking = False
         self._running = False
         if self.source == "cuda":
             self._cuda.__exit__(None, None, None)
             values = (self._cuda_peak.allocated, self._cuda_peak.reserved)
             self._cuda = None
-        elif self.source == "rss":
-            peak = rss_peak() if self._rss_ok else None
-            values = (peak,) if peak else ()
+        elif self.source == "allocations" and not tracked:
+            self._window.close()  # an epoch that ended before its sampled step did: nothing measured
+            values = (self._sampled,) if self._sampled is not None else ()
         else:
             counter = self.simulated or self.tracker
             values = (counter.peak,) if counter.num_ops > self._ops_at_start else ()
@@ -142,8 +194,10 @@ class EpochPeak:
 
     def close(self) -> None:
         """Stop measuring without reporting (training ended, or failed, mid-epoch): no device call that could fail."""
-        if self._running and self.tracker is not None:
+        if self._tracking:
             self.tracker.__exit__(None, None, None)
+            self._tracking = False
+        self._window.close()
         self._cuda = None  # the block is dropped unread: ending it would synchronise the device
         self._running = False
 
@@ -162,15 +216,40 @@ def start_epoch_memory(trainer: Any) -> None:
     meter = trainer.run_memory.meter
     if meter is None:
         meter = trainer.run_memory.meter = EpochPeak(trainer.device, compiled=is_compiled(trainer.model))
-        if meter.source == "rss":
+        if meter.source == "allocations":
             LOGGER.info(f"{PREFIX} compile=True on CPU: exact tensor tracking would run every op through a dispatch "
-                        f"mode that compiled graphs cannot hold, so mem/peak_rss_GB is the process peak RSS instead")
+                        f"mode that compiled graphs cannot hold, so mem/peak_tensor_GB is step {SAMPLED_STEP} of each "
+                        f"epoch measured from torch.profiler's allocation records, and the tensors alive beside it")
     if meter.tracker is not None:
-        held = [trainer.model.parameters(), trainer.model.buffers(), trainer.ema.ema.state_dict(),
-                trainer.optimizer.state_dict()["state"]]
-        meter.tracker.track([list(h) if not isinstance(h, dict) else h for h in held])
+        meter.tracker.track(held_state(trainer))
     trainer.run_memory.val = {val_key(k): math.nan for k in meter.keys}  # until this epoch validates
     meter.start()
+
+
+def held_state(trainer: Any) -> list:
+    """The tensors a training step finds alive: weights, buffers, gradients, the EMA, the optimizer state."""
+    model = trainer.model
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return [list(model.parameters()), list(model.buffers()), grads, trainer.ema.ema.state_dict(),
+            trainer.optimizer.state_dict()["state"]]
+
+
+def batch_ready(trainer: Any, batch: dict) -> None:
+    """After ``preprocess_batch``: a compiled CPU run's meter remembers the batch's bytes, which Ultralytics' loop
+    still holds at the start of every second step (``step.loop_bytes``), beyond what a trainer attribute holds."""
+    meter = trainer.run_memory.meter
+    if meter is not None and meter.source == "allocations":
+        meter.batch_bytes = LiveTensorTracker().track([v for v in batch.values() if isinstance(v, torch.Tensor)])
+
+
+def sample_step_memory(trainer: Any) -> None:
+    """``on_train_batch_end``: where a compiled CPU run samples a step (``EpochPeak.step_ended``), the bytes alive
+    beside it, counted once per storage as the tracker counts them: the state, and the batch of the step that ended
+    (the loop holds it into the next step at every second step: counted always, so never below the epoch's peak by
+    it)."""
+    meter = trainer.run_memory.meter
+    if meter is not None and meter.source == "allocations":
+        meter.step_ended(LiveTensorTracker().track(held_state(trainer)) + meter.batch_bytes)
 
 
 def stop_epoch_memory(trainer: Any) -> None:
@@ -191,6 +270,9 @@ def stop_epoch_memory(trainer: Any) -> None:
         values = "/".join(f"{v:.3f}" for v in trainer.run_memory.epoch.values())
         where = f", rank {top} of {len(ranks)} (the most; ranks {rank_values(ranks, keys)})" if len(ranks) > 1 else ""
         LOGGER.info(f"{PREFIX} epoch {trainer.epoch + 1} peak {values} GB {meter.description}{where}")
+    elif meter is not None and meter.source == "allocations":
+        LOGGER.info(f"{PREFIX} epoch {trainer.epoch + 1} not measured: it ended before step {SAMPLED_STEP}, the one a "
+                    f"compiled CPU run profiles")
 
 
 def val_key(key: str) -> str:
@@ -204,7 +286,9 @@ def validation_memory(trainer: Any, what: str) -> Iterator[None]:
     ``run_memory.val`` and the console. In this process only: under DDP each rank validates its share."""
     meter = trainer.run_memory.meter
     if meter is not None:
-        meter.start()
+        if meter.source == "allocations":  # the optimizer's state was made in a compiled step: track it
+            meter.tracker.track(held_state(trainer))
+        meter.start(eager=True)
     try:
         yield
     finally:
@@ -254,5 +338,5 @@ def close_epoch_memory(trainer: Any) -> None:
         trainer.run_memory.meter.close()
 
 
-CALLBACKS = {"on_train_epoch_start": start_epoch_memory, "on_train_epoch_end": stop_epoch_memory,
-             "on_fit_epoch_end": memory_in_metrics}
+CALLBACKS = {"on_train_epoch_start": start_epoch_memory, "on_train_batch_end": sample_step_memory,
+             "on_train_epoch_end": stop_epoch_memory, "on_fit_epoch_end": memory_in_metrics}

@@ -45,7 +45,7 @@ from ..report.plots import plot_memory
 from ..report.summary import PREFIX, compare_with_vanilla, say_why_map_is_zero
 from . import memory_hooks, multitrain, tuning
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
-from .epoch_memory import CALLBACKS, close_epoch_memory, validation_memory
+from .epoch_memory import CALLBACKS, batch_ready, close_epoch_memory, validation_memory
 from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device, record_planned_batch
 from .offline import provide_fonts
 from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
@@ -295,6 +295,12 @@ class CheckpointMixin(DistributedMixin):
         skip_frozen_stages(self)
         self.run_memory.batch_planned = True
         return memory_hooks.auto_batch(self)
+
+    def preprocess_batch(self, batch: dict) -> dict:
+        """Ultralytics' preprocessing; a compiled CPU run's meter counts the batch (``epoch_memory.batch_ready``)."""
+        batch = super().preprocess_batch(batch)
+        batch_ready(self, batch)
+        return batch
 
     def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train"):
         """Ultralytics' loader; the validator's at most the batch planning measured to fit

@@ -1,4 +1,4 @@
-"""How to measure memory: exact live tensor bytes, CUDA allocator peaks, process peak RSS.
+"""How to measure memory: exact live tensor bytes, CUDA allocator peaks, allocation records.
 
 Three sources of truth, for three situations:
 
@@ -10,10 +10,9 @@ Three sources of truth, for three situations:
   allocated while it is active and still alive, and keeps their exact
   high-water mark.
 * **CPU under torch.compile**: a dispatch mode cannot run inside compiled
-  graphs (dynamo skips frames while one is active), so the only honest figure
-  is the process's peak resident memory (:func:`rss_peak`, Linux ``VmHWM``,
-  reset by :func:`reset_rss_peak`): weights, activations *and* the interpreter,
-  libraries and data pipeline.
+  graphs (dynamo skips frames while one is active), so a compiled step is
+  measured from torch.profiler's allocation records instead
+  (:mod:`yolo_ckpt.memory.allocations`).
 
 What a training run reports per epoch is built on these in
 :mod:`yolo_ckpt.integration.epoch_memory`.
@@ -34,7 +33,6 @@ import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-__all__ = ["LiveTensorTracker", "CudaPeak", "cuda_peak", "reset_rss_peak", "rss_peak", "GB"]
+__all__ = ["LiveTensorTracker", "CudaPeak", "cuda_peak", "GB"]
 
 GB = 2**30
 """Bytes per "GB" in reported values (binary GiB, as Ultralytics reports GPU memory)."""
@@ -378,25 +376,3 @@ def cuda_peak(device: torch.device | str | int | None = None) -> Iterator[CudaPe
         peak.allocated, peak.reserved = int(stats["allocated_bytes.all.peak"]), int(stats["reserved_bytes.all.peak"])
     except KeyError as e:
         raise RuntimeError(f"CUDA allocator has no statistic {e} for {device}") from e
-
-
-# ----------------------------------------------------------------------- process RSS
-_STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
-
-
-def rss_peak() -> int | None:
-    """Peak resident set size of this process in bytes (Linux ``VmHWM``), or ``None`` where the OS does not say."""
-    try:
-        line = next(x for x in _STATUS.read_text().splitlines() if x.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-    return int(line.split()[1]) * 1024  # reported in kB
-
-
-def reset_rss_peak() -> bool:
-    """Restart :func:`rss_peak` from the current RSS (``5`` to ``/proc/self/clear_refs``); ``False`` if impossible."""
-    try:
-        _CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return True
