@@ -158,7 +158,8 @@ def test_ultralytics_compile_trains_exactly_like_compiled_vanilla(small_data, mi
     assert counts["vanilla"] > 0 and counts["ckpt"] == 2 * counts["vanilla"], counts
     assert_same_run(runs["vanilla"], runs["ckpt"])
     (row,) = results(runs["ckpt"])
-    assert "mem/peak_tensor_GB" not in row and float(row["mem/peak_rss_GB"]) > 0  # RSS, and compile stayed on
+    # the sampled step's tensors from allocation records (memory.allocations), not process RSS; compile stayed on
+    assert "mem/peak_rss_GB" not in row and 0 < float(row["mem/peak_tensor_GB"]) < float("inf")
 
 
 def test_profiler_allocation_peak_is_the_tracker_peak_on_eager_steps_and_measures_compiled_ones():
