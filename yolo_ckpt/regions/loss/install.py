@@ -5,9 +5,12 @@ Once the network is checkpointed, the loss holds most of a dense or high-resolut
 ``checkpoint_loss`` names what is done to the criterion Ultralytics builds (``model.init_criterion``):
 
 - ``none``: nothing, Ultralytics' own loss.
-- ``exact``: bit for bit as vanilla, the same ops on the same shapes. Instance segmentation (``v8SegmentationLoss``
-  and YOLO26's ``SegmentLoss26``): each image's mask loss, its ground-truth masks built inside, is a region of its
-  own (``checkpoint_region``), so that only one image's ``n_fg x h x w`` tensors are alive in backward.
+- ``exact``: bit for bit as vanilla. Instance segmentation (``v8SegmentationLoss`` and YOLO26's ``SegmentLoss26``):
+  each image's mask loss, its ground-truth masks built inside, is a region of its own (``checkpoint_region``), so
+  that only one image's ``n_fg x h x w`` tensors are alive in backward. Every ``TaskAlignedAssigner`` with
+  Ultralytics' own ``get_box_metrics`` (detect, segment, pose, obb; not YOLO26 segmentation's mask-aware one):
+  one image at a time, its candidate pairs scored in one call over the batch's list (``assignment._assign_exact``),
+  so that its ``objects x anchors`` tensors are one image's, in training and in validation.
 - ``chunked``: bounded memory, equal up to float rounding, opt-in only:
 
   - the mask loss of each image in chunks of at most ``CHUNK_ROWS_PIXELS // (h * w)`` foreground rows, each chunk a
@@ -58,7 +61,7 @@ from typing import Any
 from torch import nn
 
 from ..spec import CheckpointConfigError
-from .assignment import _assign_per_image, _pair_overlaps_by_objects
+from .assignment import _assign_exact, _assign_per_image, _pair_overlaps_by_objects
 from .depth import ChunkedDepthLoss
 from .segmentation import _scores_masks, _segmentation_loss
 from .semantic import _semantic_loss
@@ -66,17 +69,21 @@ from .semantic import _semantic_loss
 LOSS_MODES = ("none", "exact", "chunked")
 """Values of ``checkpoint_loss``: ``none`` (Ultralytics' loss), ``exact`` (regions recomputed bit for bit),
 ``chunked`` (bounded memory, not bitwise)."""
-LOSS_HELP = ("'none' (Ultralytics' loss), 'exact' (bit for bit: each image's mask loss recomputed in backward; "
-             "segment), 'chunked' (not bitwise, equal up to float rounding: the mask loss in chunks of foreground "
-             "rows, the semantic and depth losses in blocks of pixels, the assignment image by image; detect, segment, "
-             "semantic, depth, pose, obb) or 'least' (the one that keeps the least for the task: chunked where it "
-             "has it, else none)")
-LOSS_TASKS = {"exact": ("segment",), "chunked": ("detect", "segment", "semantic", "depth", "pose", "obb")}
-"""Tasks whose criterion each value changes: ``exact`` the instance-mask loss, ``chunked`` also the semantic and depth
-losses and every ``TaskAlignedAssigner``. Classification and RT-DETR (a Hungarian matcher; its loss holds a few MiB)
-have no loss region. With the whole network checkpointed, depth's step peaks in the network's backward, after the
+LOSS_HELP = ("'none' (Ultralytics' loss), 'exact' (bit for bit: each image's mask loss recomputed in backward, the "
+             "assignment image by image; detect, segment, pose, obb), 'chunked' (not bitwise, equal up to float "
+             "rounding: the mask loss in chunks of foreground rows, the semantic and depth losses in blocks of "
+             "pixels, the assignment image by image; detect, segment, semantic, depth, pose, obb) or 'least' (the one "
+             "that keeps the least for the task: chunked where it has it, else none)")
+LOSS_TASKS = {"exact": ("detect", "segment", "pose", "obb"),
+              "chunked": ("detect", "segment", "semantic", "depth", "pose", "obb")}
+"""Tasks whose criterion each value changes: ``exact`` the instance-mask loss and the task-aligned assignment,
+``chunked`` also the semantic and depth losses. Classification and RT-DETR (a Hungarian matcher; its loss holds a few
+MiB) have no loss region. With the whole network checkpointed, depth's step peaks in the network's backward, after the
 loss's (its network alone is the step, ``benchmarks/loss_memory.py``): ``chunked`` bounds the depth loss's own
 memory, not that step's."""
+EXACT_REGION_TASKS = ("segment",)
+"""Tasks where ``exact`` recomputes regions in backward (each image's mask loss): a step's memory that ``auto`` weighs
+and an out-of-memory error escalates to. Elsewhere ``exact`` only assigns image by image, which the user asks for."""
 
 
 def check_loss_setting(value: Any, task: str | None, model_name: str = "") -> str:
@@ -114,7 +121,7 @@ def auto_loss_modes(setting: str, task: str | None) -> tuple[str, ...]:
     if setting == "exact":  # the user's: every copy carries it
         return ()
     allowed = ("exact", "chunked") if setting == "chunked" else ("exact",)
-    return tuple(m for m in allowed if task in LOSS_TASKS[m])
+    return tuple(m for m in allowed if task in (EXACT_REGION_TASKS if m == "exact" else LOSS_TASKS[m]))
 
 
 def _refuse(how: str, what: str) -> None:
@@ -144,7 +151,7 @@ def _shadow_criterion(criterion: Any, how: str) -> Any:
         criterion.forward = partial(_semantic_loss, criterion)
         criterion.checkpoint_loss = how
         return criterion
-    parts = [c for c in _criteria(criterion) if how == "chunked" or isinstance(c, v8SegmentationLoss)]
+    parts = _criteria(criterion)
     if not parts:
         _refuse(how, type(criterion).__name__)
     for c in parts:
@@ -152,6 +159,8 @@ def _shadow_criterion(criterion: Any, how: str) -> Any:
             c.assigner._forward = partial(_assign_per_image, c.assigner)
             if _scores_masks(c.assigner):
                 c.assigner.pair_overlaps = partial(_pair_overlaps_by_objects, c.assigner)
+        else:
+            c.assigner._forward = partial(_assign_exact, c.assigner)
         if isinstance(c, v8SegmentationLoss):
             c.calculate_segmentation_loss = partial(_segmentation_loss, c, how)
     criterion.checkpoint_loss = how
