@@ -13,6 +13,8 @@ Usage:
     python benchmarks/epoch_memory.py --epochs 3 --plot docs/img/epoch_memory.png   # docs/figures.md's picture
     python benchmarks/epoch_memory.py --model yolo11n-seg.yaml --data synthetic_dense --imgsz 1024 --batch 2 \
         --stages all --layers head --loss none exact chunked   # the whole network, and with the loss recomputed
+    python benchmarks/epoch_memory.py ... --vanilla-peak 1.318   # only the plans, against vanilla's whole run
+        # measured before by the same command (its "[]" row's run peak GB): the two reference runs skipped
 """
 
 import argparse
@@ -52,6 +54,23 @@ def plot(runs: dict[str, list[dict]], mem: str, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def per_epoch(runs: dict[str, list[dict]], mem: str) -> None:
+    """Each run's per-epoch peak against ``[]``'s, whether its losses are plain Ultralytics', and its epoch time."""
+    print("| stages | epoch | peak GB | ratio to [] | losses identical to Ultralytics | epoch time / Ultralytics |")
+    print("|---|---|---|---|---|---|")
+    plain = runs.pop("ultralytics")
+
+    def durations(rows):
+        ends = [float(r["time"]) for r in rows]
+        return [b - a for a, b in zip([0.0, *ends], ends)]
+
+    for spec, rows in runs.items():
+        for row, base, ref, t, t_ref in zip(rows, runs["[]"], plain, durations(rows), durations(plain)):
+            same = all(row[k] == ref[k] for k in ref if "loss" in k)
+            ratio = float(row[mem]) / float(base[mem])
+            print(f"| {spec} | {row['epoch']} | {float(row[mem]):.3f} | {ratio:.3f} | {same} | {t / t_ref:.2f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="yolo11n.yaml")
@@ -65,6 +84,8 @@ def main() -> None:
     p.add_argument("--data", default="synthetic_hr", help="the embedded variant (synthetic_hr, synthetic_dense, ...)")
     p.add_argument("--loss", nargs="+", default=["none"], help="checkpoint_loss values to run each plan with")
     p.add_argument("--layers", help="checkpoint_layers of each plan (head: with --stages all, the whole network)")
+    p.add_argument("--vanilla-peak", type=float, help="vanilla's whole-run peak GB, from an earlier run of the same "
+                   "command: skip the plain Ultralytics and [] runs, ratios against it")
     a = p.parse_args()
     project = Path(tempfile.mkdtemp(prefix="epoch_memory_"))
     runs = {}
@@ -73,7 +94,8 @@ def main() -> None:
                 val=False, project=str(project), verbose=False)
     plans = [(s, loss) for s in [*a.stages, *(["third"] if a.third else [])] for loss in a.loss]
     whole = {}  # each of our runs' peak over training, validation and the final evaluation
-    for stages, loss in [("ultralytics", "none"), ("[]", "none"), *plans]:
+    references = [] if a.vanilla_peak else [("ultralytics", "none"), ("[]", "none")]
+    for stages, loss in [*references, *plans]:
         spec = (stages if not a.layers or stages in ("ultralytics", "[]") else f"{stages} + {a.layers}") + \
             ("" if loss == "none" else f" + loss {loss}")
         # the run's directory, in plain characters: with --layers "['1-2', ...]" Ultralytics' final validation looked
@@ -93,27 +115,22 @@ def main() -> None:
                         checkpoint_layers=layers, checkpoint_loss=loss, **args)
         with open(project / name / "results.csv") as f:
             runs[spec] = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
-    mem = next(k for k in runs["[]"][0] if k.startswith("mem/"))
+    mem = next(k for k in next(iter(runs.values()))[0] if k.startswith("mem/"))
     print(f"\n{a.model} on {a.data}, imgsz={a.imgsz} batch={a.batch} device={a.device}: per-epoch {mem}")
-    print("| stages | epoch | peak GB | ratio to [] | losses identical to Ultralytics | epoch time / Ultralytics |")
-    print("|---|---|---|---|---|---|")
-    plain = runs.pop("ultralytics")
-
-    def durations(rows):
-        ends = [float(r["time"]) for r in rows]
-        return [b - a for a, b in zip([0.0, *ends], ends)]
-
-    for spec, rows in runs.items():
-        for row, base, ref, t, t_ref in zip(rows, runs["[]"], plain, durations(rows), durations(plain)):
-            same = all(row[k] == ref[k] for k in ref if "loss" in k)
-            ratio = float(row[mem]) / float(base[mem])
-            print(f"| {spec} | {row['epoch']} | {float(row[mem]):.3f} | {ratio:.3f} | {same} | {t / t_ref:.2f} |")
-    print(f"\nthe whole run's peak ({mem} and its mem/val_peak_ twin: training, validation, the final evaluation)")
+    if a.vanilla_peak:
+        for spec, rows in runs.items():
+            print(f"| {spec} | epochs {', '.join(r[mem] for r in rows)} GB | ratio to vanilla's run "
+                  f"{', '.join(f'{float(r[mem]) / a.vanilla_peak:.3f}' for r in rows)} |")
+    else:
+        per_epoch(runs, mem)
+    vanilla = a.vanilla_peak or max(whole["[]"])
+    print(f"\nthe whole run's peak ({mem} and its mem/val_peak_ twin: training, validation, the final evaluation)"
+          + (f", against vanilla's whole run given, {vanilla} GB" if a.vanilla_peak else ""))
     print("| stages | run peak GB | ratio to [] |")
     print("|---|---|---|")
     for spec, peaks in whole.items():
         if spec != "ultralytics":
-            print(f"| {spec} | {max(peaks):.3f} | {max(peaks) / max(whole['[]']):.3f} |")
+            print(f"| {spec} | {max(peaks):.3f} | {max(peaks) / vanilla:.3f} |")
     if a.plot:
         plot(runs, mem, f"{Path(a.model).stem} {a.imgsz} px, batch {a.batch}: peak per epoch", a.plot)
         print(f"picture: {a.plot}")

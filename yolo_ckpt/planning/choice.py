@@ -63,7 +63,7 @@ from ..regions.plan import CheckpointPlan
 from .autobatch import BatchPlan, ProbeRoom, plan_batch, probe_room
 from .costs import Costs, time_candidate, unit_costs
 from .search import candidates, no_recompute
-from .units import Candidate, NothingFits, describe
+from .units import Candidate, NothingFits, describe, is_joined
 
 MAX_MEASURED = 16  # candidates measured at most before falling back to those predicted to keep the least
 MARGIN = 0.1  # predictions are within about 10% of measured steps: measure candidates predicted up to this much over
@@ -312,17 +312,33 @@ def _fastest_fitting(fitting: list[Candidate], target: int, measure: Callable[[C
 LEAST_MEASURED = 4  # candidates predicted to keep the least that ``measured_least`` measures
 
 
+def least_candidates(ranked: list[Candidate]) -> list[Candidate]:
+    """The ``LEAST_MEASURED`` plans ``measured_least`` measures, of ``ranked`` (least predicted bytes first): the first
+    half with the stem in stage 2's region (a ``(1, 2)`` unit) and the first half with it apart, the first of the rest
+    where one kind has too few. The prediction adds up units measured alone at batch 1, and the stem's region grows
+    with the batch unlike the plans around it: the first ten on yolo26n-sem at 1024 px all join it."""
+    half = LEAST_MEASURED // 2
+    kinds = [[c for c in ranked if _stem_joined(c) is joined][:half] for joined in (True, False)]
+    chosen = [*kinds[0], *kinds[1]]
+    rest = [c for c in ranked if c not in chosen][:LEAST_MEASURED - len(chosen)]
+    return sorted([*chosen, *rest], key=ranked.index)
+
+
+def _stem_joined(c: Candidate) -> bool:
+    return any(is_joined(u) for u in c.units)
+
+
 def measured_least(model: nn.Module, costs: Costs, shape: StepShape) -> Candidate:
-    """The plan that keeps the least among the ``LEAST_MEASURED`` layer plans predicted to keep the least at
-    ``shape``, each measured in a real step at batch 1 on a copy, within the device: the prediction adds up each
-    unit's measured bytes and can rank close plans the wrong way round. A tie, or nothing measured: the prediction's
-    order. Batch 1 is what fits wherever planning does, but memory is not always linear in the batch: on yolo26n-sem
-    at 1024 px (4 classes, ``chunked``) the stem in stage 2's region keeps less than stage 1 apart at batch 1 (203.1
-    against 212.3 MiB) and more at batch 2 (375.1 against 311.1 MiB)."""
+    """The plan that keeps the least among the layer plans ``least_candidates`` takes of those predicted to keep the
+    least at ``shape``, each measured in a real step at ``shape.batch`` (the run's) on a copy, within the device: the
+    prediction adds up each unit's measured bytes and can rank close plans the wrong way round, and memory is not linear
+    in the batch (on yolo26n-sem at 1024 px, 4 classes, ``chunked``, the stem in stage 2's region keeps less than stage
+    1 apart at batch 1, 203.1 against 212.3 MiB, and more at batch 2, 375.1 against 311.1 MiB). A tie, or nothing
+    measured (none fits the device at that batch): the prediction's order."""
     ranked = sorted(candidates(costs, shape.batch, 0, loss=False), key=lambda c: (c.predicted_bytes, -c.flops))
     measured = []
-    for rank, c in enumerate(ranked[:LEAST_MEASURED]):
-        got, _ = measure_candidate(model, c, shape.at(1), None)
+    for rank, c in enumerate(least_candidates(ranked)):
+        got, _ = measure_candidate(model, c, shape, None)
         if got is not None:
             measured.append((got, rank, c))
     return min(measured, key=lambda m: m[:2])[2] if measured else ranked[0]
