@@ -16,7 +16,7 @@ from ultralytics.utils.patches import override_configs
 from ..memory.step import StepShape
 from ..planning.random_state import Generators, random_state_kept
 from ..regions.install import network
-from ..regions.loss.install import LOSS_TASKS, loss_checkpointing
+from ..regions.loss.install import EXACT_REGION_TASKS, loss_checkpointing
 from ..regions.settings import PlanSettings
 from ..report.summary import training_formats
 from .validation_batch import Validation
@@ -41,7 +41,7 @@ def loss_escalation(trainer: Any) -> str | None:
     """The loss plan an out-of-memory error may escalate to once the layer plan keeps the least: ``exact`` where the
     run's loss is Ultralytics' own and its task has exact regions (instance segmentation: bit for bit, so the run stays
     vanilla's), else ``None``. ``chunked`` is never chosen by itself: it is not bitwise."""
-    if loss_checkpointing(network(trainer.model)) is None and trainer.args.task in LOSS_TASKS["exact"]:
+    if loss_checkpointing(network(trainer.model)) is None and trainer.args.task in EXACT_REGION_TASKS:
         return "exact"
     return None
 
