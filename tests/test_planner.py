@@ -148,34 +148,50 @@ def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive, tim
     assert f"measured {tight.measured_seconds:.3f} s" in lines[-1]
 
 
-def test_least_is_the_plan_a_real_step_measures_keeping_the_least(monkeypatch):
-    """``checkpoint_stages=least`` measures the plans predicted to keep the least (``choice.measured_least``) and
-    returns the one that keeps the least in a step measured here by a fresh tracker, not the prediction's first: the
-    predictions of those plans are handed to it in reverse (a prediction that ranks close plans the wrong way round,
-    as on yolo26n-sem at 1024 px)."""
+def test_least_is_the_plan_a_real_step_at_the_runs_batch_measures_keeping_the_least(monkeypatch):
+    """``checkpoint_stages=least`` measures the plans predicted to keep the least (``choice.least_candidates``: with
+    the stem in stage 2's region and with it apart) at the run's batch, and returns the one that keeps the least in a
+    step a fresh tracker measures here at that batch, not the prediction's first: the predictions of those plans are
+    handed to it in reverse (a prediction that ranks close plans the wrong way round, as on yolo26n-sem at 1024 px).
+    Each step it measured is the tracker's at the run's batch (within 1%; batch 1 keeps about half)."""
     import dataclasses
 
     from yolo_ckpt.memory.step import build_model
     from yolo_ckpt.planning import choice
-    from yolo_ckpt.planning.choice import LEAST_MEASURED, measured_least
+    from yolo_ckpt.planning.choice import least_candidates, measured_least
+    from yolo_ckpt.planning.units import is_joined
 
     from support import measured_step
 
-    model, imgsz, objects = build_model("yolo26n-sem.yaml"), 256, 20
+    model, imgsz, objects, batch = build_model("yolo26n-sem.yaml"), 256, 20, 2
     costs = unit_costs(model, StepShape(imgsz, objects=objects), timed=False)
-    ranked = sorted(candidates(costs, 2, 0, loss=False), key=lambda c: (c.predicted_bytes, -c.flops))
-    top = ranked[:LEAST_MEASURED]
+    ranked = sorted(candidates(costs, batch, 0, loss=False), key=lambda c: (c.predicted_bytes, -c.flops))
+    top = least_candidates(ranked)
+    assert {any(is_joined(u) for u in c.units) for c in top} == {True, False}  # the stem joined, and apart
     wrong = [dataclasses.replace(c, predicted_bytes=p.predicted_bytes) for c, p in zip(top, reversed(top))]
-    monkeypatch.setattr(choice, "candidates", lambda *a, **k: [*wrong, *ranked[LEAST_MEASURED:]])
-    chosen = measured_least(model, costs, StepShape(imgsz, 2, objects))
+    above = max(c.predicted_bytes for c in top)  # the rest after them, so that the same plans are measured
+    rest = [dataclasses.replace(c, predicted_bytes=c.predicted_bytes + above) for c in ranked if c not in top]
+    monkeypatch.setattr(choice, "candidates", lambda *a, **k: [*wrong, *rest])
+    seen, measure = {}, choice.measure_candidate
 
-    def fresh(c: Candidate) -> int:
+    def measure_candidate(m, c, shape, target):
+        got = measure(m, c, shape, target)
+        seen[c.key] = (shape.batch, got[0])
+        return got
+
+    monkeypatch.setattr(choice, "measure_candidate", measure_candidate)
+    chosen = measured_least(model, costs, StepShape(imgsz, batch, objects))
+
+    def fresh(c: Candidate, b: int) -> int:
         m = with_plan(model, c.installs.with_loss(None))
-        got = measured_step(m, imgsz, 1, objects)
+        got = measured_step(m, imgsz, b, objects)
         disable_checkpointing(m)
         return got
 
-    steps = {c.key: fresh(c) for c in top}
+    steps = {c.key: fresh(c, batch) for c in top}
+    assert set(seen) == set(steps), (seen, steps)
+    for key, (b, got) in seen.items():
+        assert b == batch and abs(got - steps[key]) <= 0.01 * steps[key], (key, got, steps[key])
     assert chosen.key in steps and steps[chosen.key] == min(steps.values()), (describe(chosen), steps)
     assert len(set(steps.values())) > 1  # the plans differ: the prediction's first would not do
 
