@@ -192,7 +192,7 @@ def test_bad_stages_python_before_dataset_and_run_dir(value, tmp_path):
 
 @pytest.mark.parametrize("args, valid", [
     (["checkpoint_loss=bogus"], "Valid: 'none' (Ultralytics' loss), 'exact'"),
-    (["checkpoint_loss=exact"], "checkpoint_loss=exact: task=detect has no loss region"),  # the demo's detector
+    (["checkpoint_loss=exact", "depth"], "checkpoint_loss=exact: task=depth has no loss region"),
     (["checkpoint_loss=chunked", "model=yolov8n-cls.yaml"], "checkpoint_loss=chunked: task=classify has no"),
     (["checkpoint_loss=exact", "semantic"], "checkpoint_loss=exact: task=semantic has no"),
     (["checkpoint_loss=chunked", "model=rtdetr-l.yaml"], "checkpoint_loss=chunked: RT-DETR has no"),

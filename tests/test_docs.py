@@ -120,9 +120,9 @@ COMMANDS = {
     "obb, classify.": ("run", "train task=panoptic"),
     "yolo-ckpt: error: task=semantic: yolo11n.yaml is a detect model (its output layer trains detect). Valid: a "
     "semantic model such as yolo26n-sem.yaml, or task=detect.": ("run", "train task=semantic model=yolo11n.yaml"),
-    "yolo-ckpt: error: checkpoint_loss=exact: task=detect has no loss region yolo-ckpt recomputes exact. Valid: "
-    "checkpoint_loss=none; exact with task segment; chunked with task detect/segment/semantic/depth/pose/obb.":
-        ("run", "train checkpoint_loss=exact"),
+    "yolo-ckpt: error: checkpoint_loss=exact: task=semantic has no loss region yolo-ckpt recomputes exact. Valid: "
+    "checkpoint_loss=none; exact with task detect/segment/pose/obb; chunked with task "
+    "detect/segment/semantic/depth/pose/obb.": ("run", "train checkpoint_loss=exact semantic"),
     "yolo-ckpt train data=dense_tiles.yaml model=yolo11n-seg.yaml imgsz=1024 checkpoint_stages=all "
     "checkpoint_layers=head checkpoint_loss=exact": ("checked", "the user's own tiles at 1024 px"),
     "yolo-ckpt train data=synthetic_dense model=yolo11n-seg.yaml imgsz=1024 batch=2 checkpoint_stages=all "
