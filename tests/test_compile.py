@@ -186,3 +186,31 @@ def test_profiler_allocation_peak_is_the_tracker_peak_on_eager_steps_and_measure
     vanilla, least = (measure(base, shape, p, compiled=True, budget=None, repeats=0, backend="aot_eager")
                       for p in ("vanilla", "least"))
     assert vanilla.tracked is None and vanilla.peak > 0 and least.kept < vanilla.kept / 2, (vanilla, least)
+
+
+def test_auto_under_compile_chooses_by_compiled_steps_and_its_step_fits():
+    """``auto`` under ``compile=True`` (``planning.compiled``): candidates measured compiled, each a plan, a compile
+    budget or both; where compiled vanilla does not fit the share, the choice is the fastest candidate whose compiled
+    step fits, and a fresh compiled step of the choice, measured from allocation records (validated against the
+    tracker on eager steps above), fits the share. The partitioner is ``aot_eager_decomp_partition`` (inductor's
+    partitioning, budget included, without generating code), so that four compiles take seconds."""
+    from ultralytics.cfg import get_cfg
+
+    from yolo_ckpt.planning.compiled import CompiledCandidate, compiled_step, fastest_fitting
+    from yolo_ckpt.regions.settings import VANILLA, PlanSettings
+
+    backend = "aot_eager_decomp_partition"
+    torch.manual_seed(0)
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    shape = StepShape(64, 2)
+    candidates = [CompiledCandidate(VANILLA), CompiledCandidate(VANILLA, 0.3),
+                  CompiledCandidate(PlanSettings.of("all", layers="head"))]
+    measured = [compiled_step(model, shape, c, backend) for c in candidates]
+    vanilla, budget, planned = measured
+    assert budget.bytes < vanilla.bytes and planned.bytes < vanilla.bytes, measured  # each axis saves
+    share = vanilla.bytes - 1  # compiled vanilla does not fit: a budget or a plan must
+    choice = fastest_fitting(measured, share)
+    assert choice.chosen is min((budget, planned), key=lambda s: s.seconds), choice.table()
+    again = compiled_step(model, shape, choice.chosen.candidate, backend)
+    assert again.bytes <= share, (again, share)

@@ -26,6 +26,7 @@ from ..memory.step import StepShape, batch_bytes, loop_bytes, planned_copy, step
 from ..memory.tracker import cuda_peak
 from ..planning.autobatch import MemoryTarget, plan_batch
 from ..planning.choice import choose_plan, choose_plan_and_batch
+from ..planning.compiled import choose_compiled, compiled_candidates
 from ..planning.costs import Costs
 from ..planning.units import NothingFits
 from ..regions.settings import VANILLA, PlanSettings
@@ -61,17 +62,20 @@ class AutoChoice:
         settings (PlanSettings): The plan chosen, its loss plan included where ``auto`` weighed the loss.
         batch (int): The batch (per process) it trains at.
         lines (list[str]): The log lines that say what was weighed and why.
-        costs (Costs): The units' measured costs, from which escalation plans.
+        costs (Costs | None): The units' measured costs, from which escalation plans (``None`` under compile: the
+            candidates were measured whole).
         held (int): Bytes alive beside validation: the training loop's batches and DDP's gradient buckets.
         step (int): The chosen step's measured bytes, ``held`` included.
+        compile_budget (float | None): ``compile_memory_budget`` chosen under compile; ``None``: torch's default.
     """
 
     settings: PlanSettings
     batch: int
     lines: list[str]
-    costs: Costs
+    costs: Costs | None
     held: int
     step: int
+    compile_budget: float | None = None
 
 
 def auto_report(choice: Any, how: str = "measured", capped: str = "") -> list[str]:
@@ -121,14 +125,15 @@ def batch_for_budget(model: nn.Module, shape: StepShape, target: MemoryTarget, d
 
 
 def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatch: bool, images: int, buckets: int,
-           loss_modes: Sequence[str], device: torch.device) -> AutoChoice:
+           loss_modes: Sequence[str], device: torch.device, compiled: bool = False) -> AutoChoice:
     """``auto``'s plan for ``shape`` (its batch per process; with ``autobatch`` the batch is chosen too, at most
     ``images`` when known) within ``target``'s share.
 
     ``buckets``: DDP's gradient buckets (Ultralytics wraps the model in DistributedDataParallel with its default
     ``gradient_as_bucket_view=False``, which keeps a flat copy of every gradient beside the gradients;
     tests/test_ddp.py: without them the two-rank epoch on a simulated device passes auto's share), 0 in one process.
-    ``loss_modes``: the loss plans it may choose beside the layer plan.
+    ``loss_modes``: the loss plans it may choose beside the layer plan. ``compiled``: the run trains under
+    ``compile=True``: for a fixed batch the candidates are measured compiled (``choose_compiled``).
     """
     cap = min(MAX_BATCH, images) if autobatch and images else MAX_BATCH
     # The loop's other batches (step.loop_bytes): without them a plan measured right at a 0.4x share trains 1.2 MB
@@ -139,6 +144,8 @@ def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatc
             else "the largest batch" if autobatch else f"batch {shape.batch}")
     less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
     less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB{' per image' if autobatch else ''})"
+    if compiled and not autobatch:
+        return choose_under_compile(model, shape, target, target.share - buckets - loop, buckets, less)
     LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {target.fraction:.0%}"
                 f" of {target.source}{less} at imgsz={shape.imgsz}, {what}...")
     start = time.perf_counter()
@@ -165,6 +172,33 @@ def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatc
     held = buckets + batch_bytes(model, chosen) + loop_bytes(model, chosen)
     return AutoChoice(s, choice.batch, lines, choice.costs, held,
                       choice.measured_bytes + held - batch_bytes(model, chosen))
+
+
+def choose_under_compile(model: nn.Module, shape: StepShape, target: MemoryTarget, share: int, buckets: int,
+                         less: str) -> AutoChoice:
+    """``auto`` for a fixed batch under ``compile=True``: of compiled vanilla, our plans and compile's own
+    ``activation_memory_budget`` (alone and with the plans), each measured compiled (``planning.compiled``), the
+    fastest whose step fits ``share``."""
+    candidates = compiled_candidates(model)
+    LOGGER.info(f"{PREFIX} auto under compile=True: measuring {len(candidates)} candidates compiled (plans, "
+                f"compile_memory_budget, both) for the fastest step that fits {target.fraction:.0%} of "
+                f"{target.source}{less} at imgsz={shape.imgsz}, batch {shape.batch}...")
+    start = time.perf_counter()
+    try:
+        choice = choose_compiled(model, shape, share, candidates)
+    except NothingFits as e:
+        need = math.ceil((e.needed + (target.share - share)) / target.fraction / 2**20)
+        raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz") from None
+    c, step = choice.chosen.candidate, choice.chosen
+    which = ("a plan and a budget" if c.settings != VANILLA and c.budget is not None else "a plan"
+             if c.settings != VANILLA else "a budget" if c.budget is not None else "neither")
+    lines = [f"{PREFIX}   {line}" for line in choice.table()]
+    lines.append(f"{PREFIX} auto under compile=True chose {c} ({which}): measured compiled {step.bytes / 2**30:.3f} GB "
+                 f"of {share / 2**30:.3f} GB, {step.seconds:.3f} s a step; planned in "
+                 f"{time.perf_counter() - start:.1f} s")
+    held = buckets + batch_bytes(model, shape) + loop_bytes(model, shape)
+    return AutoChoice(c.settings, shape.batch, lines, None, held, step.bytes + held - batch_bytes(model, shape),
+                      c.budget)
 
 
 def _choice_lines(choice: Any, capped: str, seconds: float) -> list[str]:

@@ -91,6 +91,9 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
     "checkpoint_mode": ("'full' (keep only each region's input) or 'selective' (also keep the outputs that are "
                         "costly to recompute per byte: convolutions, pooling; almost no recompute FLOPs, less "
                         "saving)", "checkpoint_mode=selective"),
+    "compile_memory_budget": ("with compile=True, a number in (0, 1]: torch.compile's activation_memory_budget while "
+                              "the model compiles (checkpoint_stages=auto under compile=True chooses it)",
+                              "compile_memory_budget=0.3"),
     "checkpoint_loss": (LOSS_HELP, "checkpoint_loss=chunked"),
     "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
     "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "

@@ -213,9 +213,22 @@ def decide(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
     choice = memory.choose_plan(model, step_shape(trainer, objects, batch), target, autobatch=autobatch,
                                 images=dataset_size, buckets=grad_bytes(model) if trainer.world_size > 1 else 0,
                                 loss_modes=auto_loss_modes(trainer.args.checkpoint_loss, trainer.args.task),
-                                device=trainer.device, validation=validation_of(trainer))
-    return {"settings": choice.settings.keys(), "batch": choice.batch, "lines": choice.lines,
-            "val_batch": memory.val_batch}
+                                device=trainer.device, validation=validation_of(trainer),
+                                compiled=bool(trainer.args.compile))
+    settings = choice.settings.keys()
+    if choice.compile_budget is not None:
+        settings["compile_memory_budget"] = choice.compile_budget
+    return {"settings": settings, "batch": choice.batch, "lines": choice.lines, "val_batch": memory.val_batch}
+
+
+def apply_compile_budget(trainer: Any) -> None:
+    """``on_pretrain_routine_end``, after ``auto``: ``compile_memory_budget`` (given, or chosen by ``auto``) into
+    ``torch._functorch.config.activation_memory_budget``, which the partitioner reads when the model compiles at the
+    first step; the trainer's ``train`` puts torch's value back however training ends."""
+    budget = getattr(trainer.args, "compile_memory_budget", None)
+    if budget is not None and trainer.args.compile:
+        torch._functorch.config.activation_memory_budget = float(budget)
+        LOGGER.info(f"{PREFIX} compile_memory_budget={budget}: torch.compile's activation_memory_budget")
 
 
 def validate_at_planned_batch(trainer: Any) -> None:

@@ -130,12 +130,13 @@ class RunMemory:
 
     def choose_plan(self, model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatch: bool, images: int,
                     buckets: int, loss_modes: Sequence[str], device: torch.device,
-                    validation: Validation) -> auto.AutoChoice:
+                    validation: Validation, compiled: bool = False) -> auto.AutoChoice:
         """``auto``'s plan (``auto.choose``), the validator's batch for it (its line among the choice's lines), and
         escalation's costs from the units it measured."""
         choice = auto.choose(model, shape, target, autobatch=autobatch, images=images, buckets=buckets,
-                             loss_modes=loss_modes, device=device)
-        self.escalation.measured(choice.costs, choice.batch)
+                             loss_modes=loss_modes, device=device, compiled=compiled)
+        if choice.costs is not None:
+            self.escalation.measured(choice.costs, choice.batch)
         line = self.plan_validation(model, validation, choice.batch, target.share, choice.held, choice.step)
         choice.lines.append(f"{PREFIX} auto: {line}")
         return choice

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import torch
 import ultralytics
 from torch import nn
 from ultralytics.cfg import cfg2dict
@@ -46,7 +47,13 @@ from ..report.summary import PREFIX, compare_with_vanilla, say_why_map_is_zero
 from . import memory_hooks, multitrain, tuning
 from .distributed import DistributedMixin, from_ultralytics_launcher, launch_record, leave_process_group
 from .epoch_memory import CALLBACKS, batch_ready, close_epoch_memory, validation_memory
-from .memory_hooks import choose_auto_plan, escalation_point, plan_validation_for_device, record_planned_batch
+from .memory_hooks import (
+    apply_compile_budget,
+    choose_auto_plan,
+    escalation_point,
+    plan_validation_for_device,
+    record_planned_batch,
+)
 from .offline import provide_fonts
 from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
 from .run_facts import record_settings, settings_of
@@ -113,6 +120,7 @@ class CheckpointMixin(DistributedMixin):
         self.run_memory = RunMemory()  # the run's memory decisions and what they remember
         ours = [("on_train_epoch_start", escalation_point), *CALLBACKS.items(),
                 ("on_pretrain_routine_end", choose_auto_plan), ("on_pretrain_routine_end", skip_frozen_stages),
+                ("on_pretrain_routine_end", apply_compile_budget),
                 ("on_pretrain_routine_end", plan_validation_for_device),
                 ("on_pretrain_routine_end", record_planned_batch), ("on_fit_epoch_end", say_why_map_is_zero),
                 ("on_train_end", compare_with_vanilla)]
@@ -202,6 +210,9 @@ class CheckpointMixin(DistributedMixin):
         and under torchrun every rank raises it (rank 0 decided it) after leaving the process group.
         """
         with ExitStack() as stack:
+            # compile_memory_budget sets torch's value for this run only (``memory_hooks.apply_compile_budget``)
+            stack.enter_context(torch._functorch.config.patch(
+                activation_memory_budget=torch._functorch.config.activation_memory_budget))
             if self.args.simulate_gpu is not None:
                 gpu = stack.enter_context(SimulatedDevice(parse_memory(self.args.simulate_gpu),
                                                           bool(self.args.simulate_allocator)))

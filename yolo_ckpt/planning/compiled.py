@@ -1,0 +1,166 @@
+"""``auto`` under ``compile=True``: candidates measured compiled, torch.compile's own memory budget one more axis.
+
+Under compile the eager measurements mislead: inductor's partitioner decides what the compiled backward keeps, so a
+plan keeps 0.71-0.78x of compiled vanilla where it keeps 0.29-0.50x eagerly, and compile's own knob
+(``torch._functorch.config.activation_memory_budget``, read when a graph compiles; peak not monotonic in it) can beat
+every plan. So each candidate is a pair (a plan or none, a budget or none), measured as Ultralytics' ``compile=True``
+trains: the model's forward compiled (``torch.compile``, inductor), the criterion outside the graph; one step to
+compile, then one step profiled (its peak from allocation records, ``memory.allocations``, the only figure for a
+compiled step on CPU), then one step timed; ``torch._dynamo.reset`` around each, since candidates share the model's
+class and would otherwise share a graph. ``choose_compiled`` takes the fastest that fits the share.
+
+Examples:
+    >>> from yolo_ckpt.memory.step import StepShape, build_model
+    >>> model = build_model("yolo11n.yaml")  # doctest: +SKIP
+    >>> choice = choose_compiled(model, StepShape(320, 2), 2**30, compiled_candidates(model))  # doctest: +SKIP
+    >>> choice.chosen.candidate.budget  # doctest: +SKIP
+    0.3
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..memory.allocations import BACKWARD_MARK, profile_step
+from ..memory.step import StepShape, batch_bytes, planned_copy, state_bytes, training_batch
+from ..regions.settings import VANILLA, PlanSettings
+from .search import deepest
+from .units import NothingFits
+
+BACKEND = "inductor"
+"""The backend candidates compile with: Ultralytics' ``attempt_compile``'s (``aot_eager_decomp_partition`` partitions
+as inductor does, budget included, without generating code: seconds to compile where inductor takes a minute)."""
+BUDGETS = (0.5, 0.3)
+"""``activation_memory_budget`` values weighed (1.0, torch's default, is "no budget"): yolo11n at 640 px kept 393 and
+339 MiB under them against compiled vanilla's 663 (issue 48's table); 0.1 kept more than 0.3."""
+
+
+@dataclass(frozen=True)
+class CompiledCandidate:
+    """One pair ``auto`` weighs under compile.
+
+    Attributes:
+        settings (PlanSettings): The layer plan (``VANILLA``: none).
+        budget (float | None): ``activation_memory_budget`` while the graph compiles; ``None``: torch's default.
+    """
+
+    settings: PlanSettings
+    budget: float | None = None
+
+    def __str__(self) -> str:
+        plan = "compiled vanilla" if self.settings == VANILLA else f"compiled {self.settings}"
+        return plan + (f" + compile_memory_budget={self.budget:g}" if self.budget is not None else "")
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """A candidate's compiled training step, measured.
+
+    Attributes:
+        candidate (CompiledCandidate): What was measured.
+        bytes (int): Model state, the batch, and the step's allocation peak (as ``step.step_cost`` counts a step).
+        seconds (float): One warm step's wall-clock time.
+    """
+
+    candidate: CompiledCandidate
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CompiledChoice:
+    """``choose_compiled``'s choice.
+
+    Attributes:
+        chosen (CompiledStep): The fastest step within the target.
+        measured (list[CompiledStep]): Every candidate's step, in the order measured.
+        target (int): The bytes a step had to fit.
+    """
+
+    chosen: CompiledStep
+    measured: list[CompiledStep]
+    target: int
+
+    def table(self) -> list[str]:
+        """The measured candidates as lines: bytes, time as a multiple of compiled vanilla's, fits or not."""
+        base = self.measured[0].seconds or 1.0
+        return [f"{'*' if s is self.chosen else ' '} {str(s.candidate):<70} {s.bytes / 2**20:9.1f} MiB "
+                f"{s.seconds / base:6.2f}x time  {'fits' if s.bytes <= self.target else 'over'}"
+                for s in self.measured]
+
+
+def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
+                        plans: Sequence[PlanSettings] | None = None) -> list[CompiledCandidate]:
+    """Compiled vanilla first (the reference), then vanilla under each budget, each plan, and each plan under each
+    budget. ``plans``: by default ``all`` + ``head`` and the plan that keeps the least (``search.deepest``)."""
+    if plans is None:
+        plans = [PlanSettings.of("all", layers="head"), deepest(model)]
+    pairs = [(VANILLA, None), *((VANILLA, b) for b in budgets), *((p, None) for p in plans),
+             *((p, b) for p in plans for b in budgets)]
+    return [CompiledCandidate(s, b) for s, b in pairs]
+
+
+def _compiled_step(model: nn.Module, forward: Callable, data: dict, amp: torch.dtype | None) -> Callable[[], None]:
+    """Ultralytics' compiled training step: ``model.loss(batch, forward(img))``, the criterion outside the graph."""
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(data["img"].device.type, dtype=amp, enabled=amp is not None):
+            loss, _ = model.loss(data, forward(data["img"]))
+            loss = loss.sum()
+        with torch.profiler.record_function(BACKWARD_MARK):
+            loss.backward()
+        del loss
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def compiled_step(model: nn.Module, shape: StepShape, candidate: CompiledCandidate,
+                  backend: str | None = None) -> CompiledStep:
+    """One candidate's compiled step on a copy of ``model``: compiled (``backend``, by default ``BACKEND``), warmed,
+    profiled, timed."""
+    budget = 1.0 if candidate.budget is None else candidate.budget
+    with planned_copy(model, candidate.settings) as m:
+        data = training_batch(m, shape)
+        torch._dynamo.reset()
+        try:
+            with torch._functorch.config.patch(activation_memory_budget=budget):  # read as the graph compiles
+                step = _compiled_step(m, torch.compile(m, backend=backend or BACKEND), data, shape.amp)
+                step()  # compiles, builds the criterion
+                peak = profile_step(step).peak
+                start = time.perf_counter()
+                step()
+                seconds = time.perf_counter() - start
+        finally:
+            torch._dynamo.reset()
+        return CompiledStep(candidate, state_bytes(m) + batch_bytes(m, shape) + peak, seconds)
+
+
+def choose_compiled(model: nn.Module, shape: StepShape, target: int, candidates: Sequence[CompiledCandidate],
+                    backend: str | None = None) -> CompiledChoice:
+    """Of ``candidates``, each measured compiled (``compiled_step``), the fastest whose step fits ``target`` bytes.
+
+    Raises:
+        NothingFits: When no candidate's step fits.
+    """
+    return fastest_fitting([compiled_step(model, shape, c, backend) for c in candidates], target)
+
+
+def fastest_fitting(measured: list[CompiledStep], target: int) -> CompiledChoice:
+    """Of ``measured`` (compiled vanilla first), the fastest step within ``target`` bytes.
+
+    Raises:
+        NothingFits: When none fits.
+    """
+    fitting = [s for s in measured if s.bytes <= target]
+    if not fitting:
+        least = min(measured, key=lambda s: s.bytes)
+        raise NothingFits(f"checkpoint_stages=auto under compile=True: no candidate fits {target / 2**20:.1f} MiB "
+                          f"(the least, {least.candidate}, measured {least.bytes / 2**20:.1f} MiB)", least.bytes)
+    return CompiledChoice(min(fitting, key=lambda s: s.seconds), measured, target)
