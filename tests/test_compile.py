@@ -168,7 +168,12 @@ def test_profiler_allocation_peak_is_the_tracker_peak_on_eager_steps_and_measure
     profiler also counts what kernels allocate and free inside an op (scratch), so it may lie above the tracker, by
     at most 2% here (yolo11n at 160 px: 1.1% vanilla, 0.03% ``all`` + ``head``, 0.1% the least-keeping plan; the
     issue's 640 px case: within 1.1%). A compiled step (``aot_eager``: the partitioned graphs, seconds to compile)
-    is measured by the profiler alone, and keeps less for backward with the least-keeping plan than without."""
+    is measured by the profiler alone, and keeps less for backward with the least-keeping plan than without.
+
+    The compiled backward recomputes region by region, the parts nested in a stage's region too: the compiled
+    least-keeping plan peaks no higher than the same plan's eager step, tracked exactly (15.99 against 17.58 MiB).
+    With a nested region's nodes carrying the enclosing region's id (torch's own stamp), the whole stage was recomputed
+    at once and the compiled step peaked at 19.97 MiB, 1.14x the eager one."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -179,13 +184,15 @@ def test_profiler_allocation_peak_is_the_tracker_peak_on_eager_steps_and_measure
     torch.manual_seed(0)
     base = build_model("yolo11n.yaml")
     shape = StepShape(160, 2)
+    eager = {}
     for plan in ("vanilla", "all+head", "least"):
-        row = measure(base, shape, plan, compiled=False, budget=None, repeats=0)
+        eager[plan] = row = measure(base, shape, plan, compiled=False, budget=None, repeats=0)
         assert row.tracked <= row.peak <= 1.02 * row.tracked, (plan, row)
         assert 0 < row.kept < row.peak
     vanilla, least = (measure(base, shape, p, compiled=True, budget=None, repeats=0, backend="aot_eager")
                       for p in ("vanilla", "least"))
     assert vanilla.tracked is None and vanilla.peak > 0 and least.kept < vanilla.kept / 2, (vanilla, least)
+    assert least.peak <= eager["least"].tracked, (least, eager["least"])
 
 
 def test_auto_under_compile_chooses_by_compiled_steps_and_its_step_fits():

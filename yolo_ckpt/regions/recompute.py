@@ -13,6 +13,17 @@ checkpoint accepts no ``context_fn`` but selective-checkpoint dispatch modes (to
 ``tests/test_compile.py``). Dynamo's debugging ``eager`` backend does not functionalize, and torch's checkpoint then
 fails on the second BatchNorm update with or without yolo-ckpt.
 
+A compiled backward is one graph, and the partitioner recomputes a region's nodes once, from what the forward saved.
+It tells regions apart by the id each node of a region carries (``ac_graph_id``): where a recomputed node feeds a
+node of a later region, it saves that node (``torch._functorch.partitioners.cleanup_recompute_tags``). torch's
+selective-checkpoint mode, which stamps the id while AOTAutograd traces, lets the enclosing region's mode stamp last,
+so a region nested in another (a layer's parts inside a stage's region) carried the enclosing id: the whole stage was
+recomputed at once and alive together in backward. ``checkpoint_region`` therefore always compiles with a caching mode
+of its own (``_RegionMode``) that re-stamps the nodes of its region with the region's own id after the op is traced:
+the nested region's inputs are saved, and the backward recomputes it from them, region by region, as eagerly. Eager
+checkpointing recomputes a nested region twice instead (inside the enclosing recompute, then again for its own
+backward), which keeps less (its inputs are not kept from the forward); one graph recomputes a node once.
+
 Examples:
     >>> import torch
     >>> from torch import nn
@@ -31,12 +42,19 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from enum import Enum
 from functools import partial
+from itertools import islice
 from typing import Any
 
 import torch
 from torch import nn
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+try:  # private (torch 2.14.1): the selective-checkpoint caching mode; its compile-time ``ac_graph_id`` stamp
+    from torch.utils.checkpoint import _CachingTorchDispatchMode
+except ImportError:  # a torch without it: compiled nested regions recompute with their enclosing region
+    _CachingTorchDispatchMode = None
 
 
 @contextmanager
@@ -190,6 +208,44 @@ def _contexts(modules: tuple[nn.Module, ...], mode: str = "full") -> tuple[Any, 
     return caching, _recompute(modules, cached)
 
 
+def _recompute_all(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """A full region under compile: every op recomputed (what a compiled checkpoint without ``context_fn`` uses)."""
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+if _CachingTorchDispatchMode is not None:
+
+    class _RegionMode(_CachingTorchDispatchMode):
+        """torch's selective-checkpoint caching mode that stamps the graph nodes each op of its region traces to with
+        its region's id (``ac_graph_id``, set by ``tag_activation_checkpoint`` while AOTAutograd traces).
+
+        Modes run innermost first and the op is traced in the outermost, whose id torch stamps on the node; this mode
+        re-stamps after the op returns, so a nested region's nodes carry its own id and the partitioner saves its
+        inputs (see the module doc). Outside AOTAutograd's tracing (eager, a region run without compile) it is
+        torch's mode unchanged.
+        """
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            tracer = getattr(get_proxy_mode(), "tracer", None)
+            if tracer is None or self.ac_graph_id is None:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            graph = tracer.graph
+            before = len(graph.nodes)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            for node in islice(reversed(graph.nodes), len(graph.nodes) - before):  # the op's nodes are the last
+                node.meta["ac_graph_id"] = self.ac_graph_id
+            return out
+
+
+def compiled_contexts(policy: Callable[..., CheckpointPolicy]) -> tuple[Any, Any]:
+    """``context_fn`` of a compiled region: torch's selective-checkpoint modes for ``policy``, the caching one stamping
+    the region's own id on its nodes (``_RegionMode``; torch's own modes where torch has no such mode)."""
+    caching, cached = create_selective_checkpoint_contexts(policy)
+    if _CachingTorchDispatchMode is None or type(caching) is not _CachingTorchDispatchMode:
+        return caching, cached
+    return _RegionMode(policy, caching.storage), cached
+
+
 def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.Module], mode: str = "full") -> Any:
     """Run ``fn(*args)`` keeping only its inputs (and, ``selective``, the outputs costly to recompute) for backward.
 
@@ -206,8 +262,6 @@ def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.M
     if not torch.is_grad_enabled():  # nothing is kept for a backward that will not come: nothing to recompute
         return fn(*args)
     if torch.compiler.is_compiling():  # BatchNorm is functionalized: the graph writes its buffers once
-        if mode == "full":
-            return checkpoint(fn, *args, use_reentrant=False)
-        context_fn = partial(create_selective_checkpoint_contexts, _selective_policy)
-        return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn)
+        policy = _recompute_all if mode == "full" else _selective_policy
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=partial(compiled_contexts, policy))
     return checkpoint(fn, *args, use_reentrant=False, context_fn=partial(_contexts, tuple(modules), mode))
