@@ -40,7 +40,8 @@ it pickles, and ``CheckpointMixin.save_model`` removes the ``init_criterion`` sh
 Private Ultralytics code reproduced here, read in ``versions.ULTRALYTICS_CHECKED`` (``ultralytics/utils/loss.py``,
 ``ultralytics/utils/tal.py``): the loop of ``v8SegmentationLoss.calculate_segmentation_loss``, the terms of
 ``SemanticSegmentationLoss.forward`` and the per-image loop of ``TaskAlignedAssigner.forward``, which calls
-``_forward``; what ``SegTaskAlignedAssigner.pair_overlaps`` reads from its arguments.
+``_forward``; ``TaskAlignedAssigner.get_box_metrics`` (its candidate pairs, their scores and dense tensors), which
+``_forward`` calls through ``get_pos_mask``; what ``SegTaskAlignedAssigner.pair_overlaps`` reads from its arguments.
 
 Examples:
     >>> from yolo_ckpt.memory.step import StepShape, build_model, training_batch
