@@ -227,7 +227,7 @@ if _CachingTorchDispatchMode is not None:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             tracer = getattr(get_proxy_mode(), "tracer", None)
-            if tracer is None or self.ac_graph_id is None:
+            if tracer is None or getattr(self, "ac_graph_id", None) is None:  # set by torch 2.14.1 when tracing
                 return super().__torch_dispatch__(func, types, args, kwargs)
             graph = tracer.graph
             before = len(graph.nodes)
@@ -237,7 +237,7 @@ if _CachingTorchDispatchMode is not None:
             return out
 
 
-def compiled_contexts(policy: Callable[..., CheckpointPolicy]) -> tuple[Any, Any]:
+def _compiled_contexts(policy: Callable[..., CheckpointPolicy]) -> tuple[Any, Any]:
     """``context_fn`` of a compiled region: torch's selective-checkpoint modes for ``policy``, the caching one stamping
     the region's own id on its nodes (``_RegionMode``; torch's own modes where torch has no such mode)."""
     caching, cached = create_selective_checkpoint_contexts(policy)
@@ -263,5 +263,5 @@ def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.M
         return fn(*args)
     if torch.compiler.is_compiling():  # BatchNorm is functionalized: the graph writes its buffers once
         policy = _recompute_all if mode == "full" else _selective_policy
-        return checkpoint(fn, *args, use_reentrant=False, context_fn=partial(compiled_contexts, policy))
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=partial(_compiled_contexts, policy))
     return checkpoint(fn, *args, use_reentrant=False, context_fn=partial(_contexts, tuple(modules), mode))
