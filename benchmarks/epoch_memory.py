@@ -115,7 +115,7 @@ def main() -> None:
                         checkpoint_layers=layers, checkpoint_loss=loss, **args)
         with open(project / name / "results.csv") as f:
             runs[spec] = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
-    mem = next(k for k in next(iter(runs.values()))[0] if k.startswith("mem/"))
+    mem = next(k for rows in runs.values() for k in rows[0] if k.startswith("mem/"))  # Ultralytics' own has none
     print(f"\n{a.model} on {a.data}, imgsz={a.imgsz} batch={a.batch} device={a.device}: per-epoch {mem}")
     if a.vanilla_peak:
         for spec, rows in runs.items():
