@@ -191,7 +191,8 @@ class CheckpointMixin(DistributedMixin):
             record_settings(self, {"checkpoint_loss": how})
         enable_loss_checkpointing(model, how)
         if how == "exact":
-            LOGGER.info(f"{PREFIX} checkpoint_loss=exact: each image's mask loss recomputed in backward, bit for bit")
+            masks = "each image's mask loss recomputed in backward, " if self.args.task == "segment" else ""
+            LOGGER.info(f"{PREFIX} checkpoint_loss=exact: {masks}the assignment image by image, bit for bit")
         elif how == "chunked":
             LOGGER.warning(f"{PREFIX} checkpoint_loss=chunked: this run is NOT bitwise vanilla Ultralytics (equal up "
                            f"to float rounding): the loss in chunks (mask rows, pixel blocks, the assignment image by "
