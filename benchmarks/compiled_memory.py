@@ -8,6 +8,8 @@ the model's forward compiled, the criterion called outside the graph on its pred
 - ``all + head`` (``checkpoint_stages=all checkpoint_layers=head``), eager and compiled;
 - the least-keeping plan (``search.deepest``: every stage, the stem in stage 2's region, the neck, the head, each
   block layer's parts nested inside; what ``search.least_keeping`` picks on yolo11n), eager and compiled;
+- ``least-stem``, the least-keeping plan with parts nested only in the stem's region (``nested_in_first_region``):
+  what keeps the least under compile, eager and compiled;
 - compiled vanilla under compile's own ``torch._functorch.config.activation_memory_budget`` (``--budgets``, 0.5, 0.3
   and 0.1), and the plans with a budget too (``--plan-budgets``, 0.3): the issue's table in the issue's order.
 
@@ -33,7 +35,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -46,7 +48,7 @@ from yolo_ckpt.regions.install import disable_checkpointing
 from yolo_ckpt.regions.settings import PlanSettings
 
 MiB = 2**20
-PLANS = ("vanilla", "all+head", "least")
+PLANS = ("vanilla", "all+head", "least", "least-stem")
 
 
 @dataclass
@@ -94,7 +96,22 @@ def plan_settings(name: str, model: nn.Module) -> PlanSettings | None:
         return None
     if name == "all+head":
         return PlanSettings.of("all", layers="head")
-    return deepest(model)
+    least = deepest(model)
+    return least if name == "least" else nested_in_first_region(least)
+
+
+def nested_in_first_region(settings: PlanSettings) -> PlanSettings:
+    """``settings`` with parts nested only in its first region (the stem's, recomputed last in backward).
+
+    Under compile a nested region's inputs are saved from the forward for the whole backward (the partitioner
+    recomputes a node once, where eager recomputes a nested region twice), so nesting pays only where the enclosing
+    region's recompute is the step's peak: the stem's, at the highest resolution, when the least else is kept.
+    """
+    first, *rest = settings.layers
+    a, _, b = str(first).partition("-")
+    stem = range(int(a), int(b or a) + 1)
+    kept = [item for item in rest if "." not in str(item) or int(str(item).split(".")[0]) in stem]
+    return replace(settings, layers=(first, *kept))
 
 
 def measure(base: nn.Module, shape: StepShape, plan: str, compiled: bool, budget: float | None,
