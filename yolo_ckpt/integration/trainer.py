@@ -192,7 +192,8 @@ class CheckpointMixin(DistributedMixin):
         enable_loss_checkpointing(model, how)
         if how == "exact":
             masks = "each image's mask loss recomputed in backward, " if self.args.task == "segment" else ""
-            LOGGER.info(f"{PREFIX} checkpoint_loss=exact: {masks}the assignment image by image, bit for bit")
+            LOGGER.info(f"{PREFIX} checkpoint_loss=exact: {masks}the task-aligned assignment image by image (YOLO26 "
+                        f"segmentation's mask-aware one stays batched), bit for bit")
         elif how == "chunked":
             LOGGER.warning(f"{PREFIX} checkpoint_loss=chunked: this run is NOT bitwise vanilla Ultralytics (equal up "
                            f"to float rounding): the loss in chunks (mask rows, pixel blocks, the assignment image by "
