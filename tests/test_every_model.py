@@ -43,11 +43,12 @@ def test_the_planning_batch_carries_every_key_the_loss_reads(name):
     assert validation_bytes(model, shape.at(2 * BATCH)) > validation_bytes(model, shape.at(1))
 
 
-# Every planning path on the yolo26 model of every task. The yolo11 heads and RT-DETR (``benchmarks/every_model.py``
-# runs them all) differ from these in what the planning step and the least-keeping plan measure, tested above for
-# every model, not in how a path chooses from those measurements; RT-DETR's auto and AutoBatch also train in
-# ``test_auto_tasks.py`` (rtdetr-tiny). the three left out took 130 s of CI's 20 minutes (rtdetr-l 80 s)
-PATHS_MODELS = [m for m in MODELS if m.startswith("yolo26")]
+# Every planning path on the yolo26 detection, segmentation (the sem_masks key once), classification, semantic and
+# depth models. The others (``benchmarks/every_model.py`` runs them all) differ from these in what the planning step
+# and the least-keeping plan measure, tested above for every model, not in how a path chooses from those
+# measurements; RT-DETR's auto and AutoBatch also train in ``test_auto_tasks.py`` (rtdetr-tiny). The five left out
+# took 240 s of CI's 20 minutes (rtdetr-l 80 s)
+PATHS_MODELS = ["yolo26n.yaml", "yolo26n-seg.yaml", "yolo26n-cls.yaml", "yolo26n-sem.yaml", "yolo26n-depth.yaml"]
 
 
 @pytest.mark.heavy(3)

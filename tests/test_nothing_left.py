@@ -17,7 +17,6 @@ import pytest
 from yolo_ckpt import YOLO, CheckpointConfigError
 
 NOTHING_FITS = {  # 160 px: the model state alone (weights, EMA, gradients, two moments) is ~50 MB
-    "auto, fixed batch": (["checkpoint_stages=auto", "memory_budget=100MB"], "checkpoint_stages=auto: nothing fits"),
     "AutoBatch, fixed": (["checkpoint_stages=all", "batch=-1", "memory_budget=50MB"], "batch 1 at imgsz=160 needs"),
     "AutoBatch with auto": (["checkpoint_stages=auto", "batch=-1", "memory_budget=50MB"], "not even batch 1"),
 }

@@ -325,6 +325,7 @@ def test_nothing_fits_in_training_says_which_budget_would(detect_data, tmp_path,
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("yolo-ckpt: error: checkpoint_stages=auto: nothing fits")
+    assert list(tmp_path.iterdir()) == []  # the run directory Ultralytics made is gone (test_nothing_left.py)
     budget = re.search(r"memory_budget=(\d+MB) would fit it, or lower batch or imgsz$", err).group(1)
     assert cli.main([*args[:-1], f"memory_budget={budget}"]) == 0  # and it does
 

@@ -42,21 +42,21 @@ SAFE = {**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
 def test_yolo11n_whole_network_bitwise_equal_to_vanilla(detect_data, tmp_path):
     """All stages and the head: every layer that stores activations is recomputed (Upsample/Concat store none)."""
     assert len(CheckpointPlan.from_spec("yolo11n.yaml", "all", "head").layer_regions) == 7
-    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, layers="head")
+    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, layers="head", epochs=1)
     assert_same_training("yolo11n.yaml", "all", *pair, layers="head")
 
 
 def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
     """Ranges whose layers read tensors from before the region (Concat of layer 6, of layer 12) and from inside it."""
     layers = [[10, 12], [16, 18], 22]
-    pair = train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path, mode="selective", layers=layers)
+    pair = train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path, mode="selective", layers=layers, epochs=1)
     assert_same_training("yolov8n.yaml", [2, 3], *pair, layers=layers)
 
 
 def test_yolo11n_all_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
     """The whole backbone selective: what the cost rule keeps beyond convolutions (SPPF's pooling windows, C2PSA's
     long-inner-dimension matmul) and what it recomputes (BatchNorm, SiLU, the cheap convolutions, QK^T)."""
-    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, mode="selective")
+    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, mode="selective", epochs=1)
     assert_same_training("yolo11n.yaml", "all", *pair)
 
 
