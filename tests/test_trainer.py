@@ -62,9 +62,10 @@ def test_yolo11n_all_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
 
 @pytest.mark.parametrize("task, model", [("segment", "yolo11n-seg.yaml"), ("pose", "yolo26n-pose.yaml"),
                                          ("obb", "yolo11n-obb.yaml"), ("classify", "yolov8n-cls.yaml"),
-                                         ("semantic", "yolo26n-sem.yaml"), ("depth", "yolo26n-depth.yaml")])
+                                         ("semantic", "yolo26n-sem.yaml")])
 def test_task_trainers_train_like_vanilla(task, model, tmp_path, small_data):
-    """On the embedded dataset of each task (semantic: its PNG masks with label_mapping)."""
+    """On the embedded dataset of each task (semantic: its PNG masks with label_mapping). Depth: the same model,
+    plan, size and loader on the maps written below (``test_semantic_and_depth_train_like_vanilla_on_foreign_data``)."""
     data = small_data(task)
     imgsz = {"classify": 64, "semantic": 128, "depth": 128}.get(task, 256)
     pair = train_pair(model, "all", data, tmp_path, epochs=1, imgsz=imgsz)
