@@ -4,6 +4,10 @@ import os
 from collections.abc import Iterator
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # before Ultralytics is imported: no network probes
+# before torch loads its OpenMP (GNU libgomp reads it then): a thread waiting at a parallel region's end sleeps instead
+# of spinning. With two threads on two cores that the other xdist worker also uses, spinning made a 2-thread step of
+# test_loss 19x slower (28.8 against 1.5 s); a wait policy changes no result
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 
