@@ -35,7 +35,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -43,7 +43,7 @@ from torch import nn
 from yolo_ckpt.memory.allocations import BACKWARD_MARK, profile_step
 from yolo_ckpt.memory.step import StepShape, build_model, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
-from yolo_ckpt.planning.search import deepest
+from yolo_ckpt.planning.search import deepest, nested_in_first_region
 from yolo_ckpt.regions.install import disable_checkpointing
 from yolo_ckpt.regions.settings import PlanSettings
 
@@ -98,20 +98,6 @@ def plan_settings(name: str, model: nn.Module) -> PlanSettings | None:
         return PlanSettings.of("all", layers="head")
     least = deepest(model)
     return least if name == "least" else nested_in_first_region(least)
-
-
-def nested_in_first_region(settings: PlanSettings) -> PlanSettings:
-    """``settings`` with parts nested only in its first region (the stem's, recomputed last in backward).
-
-    Under compile a nested region's inputs are saved from the forward for the whole backward (the partitioner
-    recomputes a node once, where eager recomputes a nested region twice), so nesting pays only where the enclosing
-    region's recompute is the step's peak: the stem's, at the highest resolution, when the least else is kept.
-    """
-    first, *rest = settings.layers
-    a, _, b = str(first).partition("-")
-    stem = range(int(a), int(b or a) + 1)
-    kept = [item for item in rest if "." not in str(item) or int(str(item).split(".")[0]) in stem]
-    return replace(settings, layers=(first, *kept))
 
 
 def measure(base: nn.Module, shape: StepShape, plan: str, compiled: bool, budget: float | None,

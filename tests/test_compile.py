@@ -203,7 +203,14 @@ def test_auto_under_compile_chooses_by_compiled_steps_and_its_step_fits():
     partitioning, budget included, without generating code), so that four compiles take seconds."""
     from ultralytics.cfg import get_cfg
 
-    from yolo_ckpt.planning.compiled import CompiledCandidate, compiled_step, fastest_fitting
+    from yolo_ckpt.planning.compiled import (
+        BUDGETS,
+        CompiledCandidate,
+        compiled_candidates,
+        compiled_step,
+        fastest_fitting,
+    )
+    from yolo_ckpt.planning.search import deepest, nested_in_first_region
     from yolo_ckpt.regions.settings import VANILLA, PlanSettings
 
     backend = "aot_eager_decomp_partition"
@@ -221,3 +228,10 @@ def test_auto_under_compile_chooses_by_compiled_steps_and_its_step_fits():
     assert choice.chosen is min((budget, planned), key=lambda s: s.seconds), choice.table()
     again = compiled_step(model, shape, choice.chosen.candidate, backend)
     assert again.bytes <= share, (again, share)
+    # what auto weighs by default: the least-keeping plan both ways (parts nested everywhere, and in the stem's
+    # region only, which keeps less compiled: docs/compile.md), each alone and under every budget
+    least = deepest(model)
+    stem = nested_in_first_region(least)
+    assert stem.layers[0] == least.layers[0] and set(stem.layers) < set(least.layers)
+    weighed = {(c.settings, c.budget) for c in compiled_candidates(model)}
+    assert {(p, b) for p in (least, stem) for b in (None, *BUDGETS)} <= weighed

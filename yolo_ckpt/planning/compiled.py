@@ -29,7 +29,7 @@ from torch import nn
 from ..memory.allocations import BACKWARD_MARK, profile_step
 from ..memory.step import StepShape, batch_bytes, planned_copy, state_bytes, training_batch
 from ..regions.settings import VANILLA, PlanSettings
-from .search import deepest
+from .search import deepest, nested_in_first_region
 from .units import NothingFits
 
 BACKEND = "inductor"
@@ -97,9 +97,11 @@ class CompiledChoice:
 def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
                         plans: Sequence[PlanSettings] | None = None) -> list[CompiledCandidate]:
     """Compiled vanilla first (the reference), then vanilla under each budget, each plan, and each plan under each
-    budget. ``plans``: by default ``all`` + ``head`` and the plan that keeps the least (``search.deepest``)."""
+    budget. ``plans``: by default ``all`` + ``head``, the plan that keeps the least eagerly (``search.deepest``)
+    and the same with parts nested only in the stem's region, which keeps the least compiled
+    (``search.nested_in_first_region``: 0.360x of eager vanilla against 0.422x, yolo11n at 640 px, batch 4)."""
     if plans is None:
-        plans = [PlanSettings.of("all", layers="head"), deepest(model)]
+        plans = [PlanSettings.of("all", layers="head"), deepest(model), nested_in_first_region(deepest(model))]
     pairs = [(VANILLA, None), *((VANILLA, b) for b in budgets), *((p, None) for p in plans),
              *((p, b) for p in plans for b in budgets)]
     return [CompiledCandidate(s, b) for s, b in pairs]

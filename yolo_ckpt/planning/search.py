@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
@@ -166,6 +167,25 @@ def deepest(model: nn.Module) -> PlanSettings:
     layout = tuple(w for w in layout if w.unit not in joined)
     modes = tuple(NESTED if w.nests else "full" for w in layout)
     return Candidate(tuple(w.unit for w in layout), modes, 0, 0, head, layout=layout).settings
+
+
+def nested_in_first_region(settings: PlanSettings) -> PlanSettings:
+    """``settings`` with parts nested only in its first region (the stem's, recomputed last in backward): the plan
+    that keeps the least under ``torch.compile``.
+
+    Under compile a nested region's inputs are saved from the forward for the whole backward (the partitioner
+    recomputes a node once, where eager recomputes a nested region twice), so nesting pays only where the enclosing
+    region's recompute is the step's peak: the stem's, at the highest resolution, when the least else is kept.
+
+    Examples:
+        >>> nested_in_first_region(PlanSettings.of([], layers=["0-2", "2.*", "3-4", "4.*"])).layers
+        ('0-2', '2.*', '3-4')
+    """
+    first, *rest = settings.layers
+    a, _, b = str(first).partition("-")
+    stem = range(int(a), int(b or a) + 1)
+    kept = [item for item in rest if "." not in str(item) or int(str(item).split(".")[0]) in stem]
+    return dataclasses.replace(settings, layers=(first, *kept))
 
 
 def escalations(costs: Costs, current: int | None, batch: int, fixed: int) -> list[Candidate]:
