@@ -130,7 +130,8 @@ def test_help_examples_are_valid_settings(yolo11n):
     for key, (_, example) in KEY_HELP.items():
         parsed = parse_train_args(["train", example])
         assert list(parsed) == ["mode", key]
-        needs = {"simulate_gpu": "1GB", "device": "cpu"} if key == "simulate_allocator" else {}  # rounds a sim GPU
+        needs = {"simulate_allocator": {"simulate_gpu": "1GB", "device": "cpu"},  # rounds a simulated GPU
+                 "compile_memory_budget": {"compile": True}}.get(key, {})  # a budget of torch.compile
         check_settings(yolo11n, {**parsed, **needs})  # raises for an invalid value
 
 
@@ -210,6 +211,20 @@ def test_bad_loss_plan_cli_one_line_before_any_work(args, valid, tmp_path, capsy
 def test_bad_loss_plan_python_before_dataset_and_run_dir(tmp_path):
     with pytest.raises(CheckpointConfigError, match="checkpoint_loss=exact: task=classify"):
         YOLO("yolov8n-cls.yaml").train(data=str(tmp_path / "missing"), project=str(tmp_path), checkpoint_loss="exact")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, valid", [
+    (["compile_memory_budget=2", "compile=True"], "Valid: a number in (0, 1]"),
+    (["compile_memory_budget=lots", "compile=True"], "Valid: a number in (0, 1]"),
+    (["compile_memory_budget=0.3"], "Valid: with compile=True"),
+])
+def test_bad_compile_budget_cli_one_line_before_any_work(args, valid, tmp_path, capsys, monkeypatch):
+    """``compile_memory_budget`` outside torch's (0, 1], or without ``compile=True`` (where it would change nothing):
+    one line naming what is valid, exit 2, no run directory and no dataset."""
+    rc, errors = in_process(["train", *args, f"project={tmp_path / 'runs'}"], capsys, monkeypatch, tmp_path)
+    assert rc == 2 and len(errors) == 1, errors
+    assert errors[0].startswith("yolo-ckpt: error: compile_memory_budget=") and valid in errors[0], errors
     assert list(tmp_path.iterdir()) == []
 
 

@@ -58,6 +58,9 @@ def check_settings(model: Any, args: dict) -> None:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1):
         raise CheckpointConfigError(f"compile_memory_budget={budget} is not torch.compile's activation_memory_budget. "
                                     f"Valid: a number in (0, 1], e.g. 0.3 (with compile=True), or empty.")
+    if budget is not None and not args.get("compile"):  # it would change nothing: never silently ignored
+        raise CheckpointConfigError(f"compile_memory_budget={budget} is torch.compile's budget and this run does not "
+                                    f"compile. Valid: with compile=True, or no compile_memory_budget.")
     if args.get("simulate_allocator") and args.get("simulate_gpu") is None:
         raise CheckpointConfigError("simulate_allocator=True rounds the tensors of a simulated GPU. Valid: with "
                                     "simulate_gpu=SIZE and device=cpu, or simulate_allocator=False.")

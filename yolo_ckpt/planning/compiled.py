@@ -34,7 +34,8 @@ from .units import NothingFits
 
 BACKEND = "inductor"
 """The backend candidates compile with: Ultralytics' ``attempt_compile``'s (``aot_eager_decomp_partition`` partitions
-as inductor does, budget included, without generating code: seconds to compile where inductor takes a minute)."""
+as inductor does, budget included, without generating code: seconds to compile where inductor took 3 minutes a
+candidate for yolo11n on a 2-core CPU, docs/compile.md)."""
 BUDGETS = (0.5, 0.3)
 """``activation_memory_budget`` values weighed (1.0, torch's default, is "no budget"): yolo11n at 640 px kept 393 and
 339 MiB under them against compiled vanilla's 663 (issue 48's table); 0.1 kept more than 0.3."""
