@@ -62,6 +62,30 @@ def test_a_bad_value_stops_once_before_any_dataset(detect_data, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+TRAINER_SWEEP = """
+import sys
+import ultralytics
+from yolo_ckpt import DetectionTrainer
+ultralytics.YOLO("yolo11n.yaml").train(trainer=DetectionTrainer, data=[sys.argv[1], sys.argv[1]], project=sys.argv[2],
+                                       checkpoint_stages=7, epochs=1, imgsz=64)
+print("returned")
+"""
+
+
+def test_a_bad_value_stops_the_sweep_of_ultralytics_own_yolo_once(detect_data, tmp_path):
+    """The same through Ultralytics' own ``YOLO(...).train(trainer=<ours>, data=[a, b])``, where its MultiTrainer
+    builds our trainer inside the ``except Exception`` that skips a failing dataset: one error line, exit 2, no
+    dataset tried, and not one of the folders it made for the sweep left."""
+    out = subprocess.run([sys.executable, "-c", TRAINER_SWEEP, detect_data, str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, (out.stdout + out.stderr)[-3000:]
+    errors = [x for x in (out.stdout + out.stderr).splitlines() if "error" in x.lower()]
+    assert len(errors) == 1 and errors[0].startswith("yolo-ckpt: error: checkpoint_stages=7: yolo11n.yaml has no "
+                                                     "stage 7. Valid: "), errors
+    assert "MultiTrainer 2/2" not in out.stdout + out.stderr and "returned" not in out.stdout
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").rglob("*")) == []
+
+
 def test_a_dataset_that_fails_ends_the_command_with_exit_1_once_all_ran(detect_data, tmp_path):
     """One dataset missing: Ultralytics skips it with its ERROR line, the other trains with the plan, and the command
     ends with one line naming the dataset that did not train, exit 1."""

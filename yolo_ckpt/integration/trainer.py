@@ -58,15 +58,7 @@ from .offline import provide_fonts
 from .run_dir import new_run_dir, remove_created_dir, report_to_launcher, reported_by_workers
 from .run_facts import record_settings, settings_of
 from .run_memory import RunMemory
-from .settings import (
-    CKPT_CFG_DICT,
-    DEFAULT_CFG_DICT_CKPT,
-    check_settings,
-    is_auto,
-    is_least,
-    model_name,
-    saved_settings,
-)
+from .settings import CKPT_CFG_DICT, DEFAULT_CFG_DICT_CKPT, is_auto, is_least, model_name, saved_settings
 
 
 def skip_frozen_stages(trainer: Any) -> None:
@@ -138,7 +130,7 @@ class CheckpointMixin(DistributedMixin):
                 setattr(self.args, k, ours.get(k, saved.get(k, default)))
         for k in ("checkpoint_stages", "checkpoint_layers"):  # Python's spellings (numpy, range) as the CLI's, so
             setattr(self.args, k, plain(getattr(self.args, k)))  # that args.yaml and last.pt hold plain values
-        check_settings(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
+        multitrain.check_once(self.args.model, vars(self.args))  # fail fast: before any directory or dataset work
         self.args.checkpoint_mode = word(self.args.checkpoint_mode)  # what the recompute and args.yaml get
         # rank 0 of torchrun chose the directory; Ultralytics' own launcher's parent created it for its workers
         self.created_dir = None if self.resume or RANK > 0 or from_ultralytics_launcher() else new_run_dir(self.args)
