@@ -31,6 +31,8 @@ Where yolo-ckpt touches Ultralytics' private code, one module of ours for each; 
   -> ``yolo_ckpt/regions/install.py`` (``network``)
 - the command ``MultiTrainer`` trains each tuning iteration with, ``ultralytics.engine.trainer._YOLO_CLI_COMMAND``
   (``python -m yolo_ckpt`` for the tuning call) -> ``yolo_ckpt/integration/tuning.py``
+- ``MultiTrainer.train``'s frame (found on the stack) and its locals ``self.save_dir`` and ``save_dir``, the
+  folders it makes before building a trainer -> ``yolo_ckpt/integration/multitrain.py`` (``stop_sweep``)
 - ``check_font``'s lookup (config dir, matplotlib's fonts, then a download even offline)
   -> ``yolo_ckpt/integration/offline.py``
 - the AMP and ``channels_last`` choice of ``BaseTrainer._setup_train`` and the train loop's autocast dtype
