@@ -224,8 +224,9 @@ def test_auto_under_compile_chooses_by_compiled_steps_and_its_step_fits():
     vanilla, budget, planned = measured
     assert budget.bytes < vanilla.bytes and planned.bytes < vanilla.bytes, measured  # each axis saves
     share = vanilla.bytes - 1  # compiled vanilla does not fit: a budget or a plan must
-    choice = fastest_fitting(measured, share)
+    choice = fastest_fitting([budget, planned, vanilla], share)  # measured in any order: vanilla's row is the time
     assert choice.chosen is min((budget, planned), key=lambda s: s.seconds), choice.table()
+    assert choice.table()[0].split()[:2] == ["compiled", "vanilla"] and "  1.00x time" in choice.table()[0]
     again = compiled_step(model, shape, choice.chosen.candidate, backend)
     assert again.bytes <= share, (again, share)
     # what auto weighs by default: the least-keeping plan both ways (parts nested everywhere, and in the stem's
@@ -235,3 +236,45 @@ def test_auto_under_compile_chooses_by_compiled_steps_and_its_step_fits():
     assert stem.layers[0] == least.layers[0] and set(stem.layers) < set(least.layers)
     weighed = {(c.settings, c.budget) for c in compiled_candidates(model)}
     assert {(p, b) for p in (least, stem) for b in (None, *BUDGETS)} <= weighed
+
+
+def test_auto_under_compile_stops_after_the_least_keeping_candidates_when_none_fits(monkeypatch):
+    """Fail fast: ``auto`` under compile measures first the candidates expected to keep the least (``least-stem``
+    alone and under each budget, vanilla under the smallest budget: docs/compile.md's table); where none of them fits,
+    it stops with one line naming what the least of them measured, every other candidate unmeasured (each compiles
+    for minutes with inductor). The share is the tensors alive before any step starts (the model's state and the
+    batch), which no step fits. Counted by the calls of ``compiled_step``, each a real compile
+    (``aot_eager_decomp_partition``); one budget weighed, so that the group is three of eight candidates."""
+    from ultralytics.cfg import get_cfg
+
+    from yolo_ckpt.memory.step import batch_bytes, state_bytes
+    from yolo_ckpt.planning import compiled
+    from yolo_ckpt.planning.search import deepest, nested_in_first_region
+    from yolo_ckpt.planning.units import NothingFits
+    from yolo_ckpt.regions.settings import VANILLA
+
+    torch.manual_seed(0)
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    shape = StepShape(64, 2)
+    calls, real = [], compiled.compiled_step
+
+    def counted(*args, **kwargs):
+        calls.append(step := real(*args, **kwargs))
+        return step
+
+    monkeypatch.setattr(compiled, "compiled_step", counted)
+    stem = nested_in_first_region(deepest(model))
+    group = {(stem, None), (stem, 0.3), (VANILLA, 0.3)}
+    candidates = compiled.compiled_candidates(model, budgets=(0.3,))
+    assert len(candidates) == 8 and {(c.settings, c.budget) for c in candidates if c.least} == group
+    floor = state_bytes(model) + batch_bytes(model, shape)
+    with pytest.raises(NothingFits) as error:
+        compiled.choose_compiled(model, shape, floor, candidates, "aot_eager_decomp_partition")
+    assert {(s.candidate.settings, s.candidate.budget) for s in calls} == group and len(calls) == 3, calls
+    assert error.value.needed == min(s.bytes for s in calls) and "the other 5 not measured" in str(error.value)
+    # by default: least-stem alone and under each budget, vanilla under the smallest (4 of 12)
+    default = compiled.compiled_candidates(model)
+    assert {(c.settings, c.budget) for c in default if c.least} == \
+        {(stem, b) for b in (None, *compiled.BUDGETS)} | {(VANILLA, min(compiled.BUDGETS))} and len(default) == 12
+

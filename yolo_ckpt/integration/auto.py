@@ -67,6 +67,8 @@ class AutoChoice:
         held (int): Bytes alive beside validation: the training loop's batches and DDP's gradient buckets.
         step (int): The chosen step's measured bytes, ``held`` included.
         compile_budget (float | None): ``compile_memory_budget`` chosen under compile; ``None``: torch's default.
+        compiled (bool): Chosen by compiled measurements: the run trains with ``compile_budget``, ``None`` included
+            (a ``compile_memory_budget`` given with ``auto`` would train what was not measured).
     """
 
     settings: PlanSettings
@@ -76,6 +78,7 @@ class AutoChoice:
     held: int
     step: int
     compile_budget: float | None = None
+    compiled: bool = False
 
 
 def auto_report(choice: Any, how: str = "measured", capped: str = "") -> list[str]:
@@ -178,11 +181,16 @@ def choose_under_compile(model: nn.Module, shape: StepShape, target: MemoryTarge
                          less: str) -> AutoChoice:
     """``auto`` for a fixed batch under ``compile=True``: of compiled vanilla, our plans and compile's own
     ``activation_memory_budget`` (alone and with the plans), each measured compiled (``planning.compiled``), the
-    fastest whose step fits ``share``."""
+    fastest whose step fits ``share``; those expected to keep the least are measured first, and where none of them
+    fits it stops with one line, the others unmeasured."""
     candidates = compiled_candidates(model)
-    LOGGER.info(f"{PREFIX} auto under compile=True: measuring {len(candidates)} candidates compiled (plans, "
-                f"compile_memory_budget, both) for the fastest step that fits {target.fraction:.0%} of "
-                f"{target.source}{less} at imgsz={shape.imgsz}, batch {shape.batch}...")
+    first = [c for c in candidates if c.least]
+    order = (f"measuring compiled first the {len(first)} expected to keep the least ({'; '.join(map(str, first))}), "
+             f"the other {len(candidates) - len(first)} only if one of them fits" if first
+             else "measuring each compiled")
+    LOGGER.info(f"{PREFIX} auto under compile=True: {len(candidates)} candidates (plans, compile_memory_budget, both) "
+                f"for the fastest step that fits {target.fraction:.0%} of {target.source}{less} at "
+                f"imgsz={shape.imgsz}, batch {shape.batch}; {order}...")
     start = time.perf_counter()
     try:
         choice = choose_compiled(model, shape, share, candidates)
@@ -195,10 +203,11 @@ def choose_under_compile(model: nn.Module, shape: StepShape, target: MemoryTarge
     lines = [f"{PREFIX}   {line}" for line in choice.table()]
     lines.append(f"{PREFIX} auto under compile=True chose {c} ({which}): measured compiled {step.bytes / 2**30:.3f} GB "
                  f"of {share / 2**30:.3f} GB, {step.seconds:.3f} s a step; planned in "
-                 f"{time.perf_counter() - start:.1f} s")
+                 f"{time.perf_counter() - start:.1f} s ({len(choice.measured)} of {len(candidates)} candidates "
+                 f"measured compiled)")
     held = buckets + batch_bytes(model, shape) + loop_bytes(model, shape)
     return AutoChoice(c.settings, shape.batch, lines, None, held, step.bytes + held - batch_bytes(model, shape),
-                      c.budget)
+                      c.budget, compiled=True)
 
 
 def _choice_lines(choice: Any, capped: str, seconds: float) -> list[str]:

@@ -7,7 +7,9 @@ every plan. So each candidate is a pair (a plan or none, a budget or none), meas
 trains: the model's forward compiled (``torch.compile``, inductor), the criterion outside the graph; one step to
 compile, then one step profiled (its peak from allocation records, ``memory.allocations``, the only figure for a
 compiled step on CPU), then one step timed; ``torch._dynamo.reset`` around each, since candidates share the model's
-class and would otherwise share a graph. ``choose_compiled`` takes the fastest that fits the share.
+class and would otherwise share a graph. ``choose_compiled`` measures first the candidates expected to keep the least
+(``CompiledCandidate.least``) and stops when none of them fits; otherwise it measures the rest and takes the fastest
+that fits the share.
 
 Examples:
     >>> from yolo_ckpt.memory.step import StepShape, build_model
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -48,10 +50,13 @@ class CompiledCandidate:
     Attributes:
         settings (PlanSettings): The layer plan (``VANILLA``: none).
         budget (float | None): ``activation_memory_budget`` while the graph compiles; ``None``: torch's default.
+        least (bool): Expected to keep the least (docs/compile.md's table): measured first, and where none of those
+            fits, no other is (not part of the pair's identity).
     """
 
     settings: PlanSettings
     budget: float | None = None
+    least: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         plan = "compiled vanilla" if self.settings == VANILLA else f"compiled {self.settings}"
@@ -79,7 +84,8 @@ class CompiledChoice:
 
     Attributes:
         chosen (CompiledStep): The fastest step within the target.
-        measured (list[CompiledStep]): Every candidate's step, in the order measured.
+        measured (list[CompiledStep]): Every candidate's step, in the order measured (those expected to keep the
+            least first).
         target (int): The bytes a step had to fit.
     """
 
@@ -88,11 +94,14 @@ class CompiledChoice:
     target: int
 
     def table(self) -> list[str]:
-        """The measured candidates as lines: bytes, time as a multiple of compiled vanilla's, fits or not."""
-        base = self.measured[0].seconds or 1.0
+        """The measured candidates as lines: bytes, time as a multiple of compiled vanilla's, fits or not; compiled
+        vanilla's row first, wherever it was measured (the first measured is the reference where vanilla was not),
+        then the others in the order measured."""
+        ref = next((s for s in self.measured if s.candidate == CompiledCandidate(VANILLA)), self.measured[0])
+        base = ref.seconds or 1.0
         return [f"{'*' if s is self.chosen else ' '} {str(s.candidate):<70} {s.bytes / 2**20:9.1f} MiB "
                 f"{s.seconds / base:6.2f}x time  {'fits' if s.bytes <= self.target else 'over'}"
-                for s in self.measured]
+                for s in (ref, *(s for s in self.measured if s is not ref))]
 
 
 def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
@@ -100,12 +109,19 @@ def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
     """Compiled vanilla first (the reference), then vanilla under each budget, each plan, and each plan under each
     budget. ``plans``: by default ``all`` + ``head``, the plan that keeps the least eagerly (``search.deepest``)
     and the same with parts nested only in the stem's region, which keeps the least compiled
-    (``search.nested_in_first_region``: 0.360x of eager vanilla against 0.422x, yolo11n at 640 px, batch 4)."""
+    (``search.nested_in_first_region``: 0.360x of eager vanilla against 0.422x, yolo11n at 640 px, batch 4).
+
+    Marked ``least`` (measured first): that plan alone and under each budget, and vanilla under the smallest budget,
+    which keeps within 1.4% of it (0.3: 0.365x; yolo11n at 640 px, docs/compile.md). A heuristic from that table:
+    on the 5-layer test model (tests/support.py ``MINI``) at 64 px, batch 2, ``all`` + ``head`` keeps 1.5% less than it
+    (4.41 against 4.48 MiB, the model's state most of both; ``aot_eager_decomp_partition``)."""
+    stem = nested_in_first_region(deepest(model))
     if plans is None:
-        plans = [PlanSettings.of("all", layers="head"), deepest(model), nested_in_first_region(deepest(model))]
+        plans = [PlanSettings.of("all", layers="head"), deepest(model), stem]
+    least = {(stem, b) for b in (None, *budgets)} | ({(VANILLA, min(budgets))} if budgets else set())
     pairs = [(VANILLA, None), *((VANILLA, b) for b in budgets), *((p, None) for p in plans),
              *((p, b) for p in plans for b in budgets)]
-    return [CompiledCandidate(s, b) for s, b in pairs]
+    return [CompiledCandidate(s, b, (s, b) in least) for s, b in pairs]
 
 
 def _compiled_step(model: nn.Module, forward: Callable, data: dict, amp: torch.dtype | None) -> Callable[[], None]:
@@ -149,14 +165,26 @@ def choose_compiled(model: nn.Module, shape: StepShape, target: int, candidates:
                     backend: str | None = None) -> CompiledChoice:
     """Of ``candidates``, each measured compiled (``compiled_step``), the fastest whose step fits ``target`` bytes.
 
+    Those marked ``least`` are measured first: where none of them fits, the others are not measured (each compiles
+    for minutes with inductor: docs/compile.md) and it stops at once.
+
     Raises:
-        NothingFits: When no candidate's step fits.
+        NothingFits: When none of those expected to keep the least fits, or no candidate does.
     """
-    return fastest_fitting([compiled_step(model, shape, c, backend) for c in candidates], target)
+    first = [c for c in candidates if c.least]
+    measured = [compiled_step(model, shape, c, backend) for c in first]
+    if first and all(s.bytes > target for s in measured):
+        least = min(measured, key=lambda s: s.bytes)
+        raise NothingFits(f"checkpoint_stages=auto under compile=True: none of the {len(first)} candidates expected "
+                          f"to keep the least fits {target / 2**20:.1f} MiB (the least, {least.candidate}, measured "
+                          f"{least.bytes / 2**20:.1f} MiB; the other {len(candidates) - len(first)} not measured)",
+                          least.bytes)
+    measured += [compiled_step(model, shape, c, backend) for c in candidates if not c.least]
+    return fastest_fitting(measured, target)
 
 
 def fastest_fitting(measured: list[CompiledStep], target: int) -> CompiledChoice:
-    """Of ``measured`` (compiled vanilla first), the fastest step within ``target`` bytes.
+    """Of ``measured``, the fastest step within ``target`` bytes.
 
     Raises:
         NothingFits: When none fits.
