@@ -278,3 +278,172 @@ def test_auto_under_compile_stops_after_the_least_keeping_candidates_when_none_f
     assert {(c.settings, c.budget) for c in default if c.least} == \
         {(stem, b) for b in (None, *compiled.BUDGETS)} | {(VANILLA, min(compiled.BUDGETS))} and len(default) == 12
 
+
+def test_auto_under_compile_trains_with_the_budget_it_chose(detect_data, tmp_path, monkeypatch):
+    """A ``compile=True`` run with ``checkpoint_stages=auto`` trains what auto chose: compiled vanilla over the share, a
+    plan with compile's budget 0.3 within it (the two candidates weighed here, so that the choice is certain).
+
+    First with a budget nothing fits: the run stops with the one line after measuring only the candidate expected to
+    keep the least. Then with the budget that line names: both candidates measured (that one first), and when the
+    model compiles at the first step torch's ``activation_memory_budget`` holds 0.3; args.yaml records it with the
+    plan; the compiled backward recomputes each convolution of the plan's regions once (counted in the partitioned
+    backward graph; the reference is the module tree: every ``Conv2d`` in the regions but DFL's, which training does
+    not run, and each head branch's last, whose output is the graph's and kept); the epoch's ``mem/peak_tensor_GB``
+    (model state, step 1's batch and step 2's allocation peak) is within the share auto aimed at (``memory_budget``'s
+    60%: the step's share plus the loop's other batches). Last, the keys the log says to pass train again without
+    planning, with the budget. torch's value is put back after every run.
+
+    The partitioner is ``aot_eager_decomp_partition``'s (inductor's partitioning, budget included, without generating
+    code), for planning (``compiled.BACKEND``) and for Ultralytics' ``attempt_compile``, which compiles with inductor in
+    real runs."""
+    import functools
+    import importlib
+    import logging
+    import re
+    import shlex
+
+    import ultralytics.engine.trainer as engine
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import get_nop_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from ultralytics.utils import LOGGER
+
+    from yolo_ckpt import YOLO, CheckpointConfigError
+    from yolo_ckpt.integration import auto
+    from yolo_ckpt.integration.cli import parse_train_args
+    from yolo_ckpt.planning import compiled
+    from yolo_ckpt.planning.autobatch import parse_memory
+    from yolo_ckpt.planning.compiled import CompiledCandidate
+    from yolo_ckpt.regions.settings import VANILLA, PlanSettings
+
+    path = tmp_path / "yolo11-mini.yaml"
+    path.write_text(yaml.safe_dump(MINI, sort_keys=False))
+    plan = PlanSettings.of("all", layers="head")
+    vanilla, chosen = CompiledCandidate(VANILLA), CompiledCandidate(plan, 0.3, least=True)
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager_decomp_partition")
+    monkeypatch.setattr(auto, "compiled_candidates", lambda model: [vanilla, chosen])
+    measured, aimed = [], []
+    measure, choose = compiled.compiled_step, auto.choose_under_compile
+
+    def counted(*args, **kwargs):
+        measured.append(step := measure(*args, **kwargs))
+        return step
+
+    def aiming(model, shape, target, share, *args):
+        aimed.append((target, share))
+        return choose(model, shape, target, share, *args)
+
+    monkeypatch.setattr(compiled, "compiled_step", counted)
+    monkeypatch.setattr(auto, "choose_under_compile", aiming)
+    seen = []  # each compile of the training model: torch's budget then, the regions traced, convolutions recomputed
+
+    def partitioned(gm, example_inputs):  # aot_eager_decomp_partition, its backward graph read
+        entry = {"budget": torch._functorch.config.activation_memory_budget,
+                 "regions": sum(n.target is torch.ops.higher_order.tag_activation_checkpoint
+                                for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes)}
+        seen.append(entry)
+
+        def backward(g, inputs):
+            entry["recomputed"] = sum(n.target is torch.ops.aten.convolution.default for n in g.graph.nodes)
+            return get_nop_func()(g, inputs)
+
+        return aot_autograd(fw_compiler=get_nop_func(), bw_compiler=backward, partition_fn=functools.partial(
+            min_cut_rematerialization_partition, compiler="inductor"), decompositions=lambda: importlib.import_module(
+            "torch._inductor.compile_fx").select_decomp_table())(gm, example_inputs)
+
+    def train(name: str, **keys) -> tuple[list[str], list]:
+        lines, plans = [], []
+        handler = logging.Handler()
+        handler.emit = lambda r: lines.append(r.getMessage())
+        monkeypatch.setattr(engine, "attempt_compile", lambda m, device, mode: torch.compile(m, backend=partitioned))
+        measured.clear(), seen.clear()
+        model = YOLO(str(path))
+        model.add_callback("on_train_start", lambda t: plans.append(checkpoint_plan(unwrap_model(t.model))))
+        before = torch._functorch.config.activation_memory_budget
+        LOGGER.addHandler(handler)
+        try:
+            model.train(data=detect_data, project=str(tmp_path), name=name, **{
+                **TRAIN_ARGS, "epochs": 1, "imgsz": 64, "val": False, "compile": True, "deterministic": False}, **keys)
+        finally:
+            LOGGER.removeHandler(handler)
+            assert torch._functorch.config.activation_memory_budget == before  # put back
+        return lines, plans
+
+    with pytest.raises(CheckpointConfigError) as error:
+        train("none", checkpoint_stages="auto", memory_budget="1MB")
+    assert [s.candidate for s in measured] == [chosen], measured  # fail fast: vanilla never measured
+    budget = re.search(r"memory_budget=(\d+MB) would fit it", str(error.value)).group(1)
+    assert not (tmp_path / "none").exists()
+
+    lines, plans = train("auto", checkpoint_stages="auto", memory_budget=budget)
+    (target, share), = aimed[-1:]
+    assert [s.candidate for s in measured] == [chosen, vanilla]  # the least-keeping first, then the rest
+    assert measured[0].bytes <= share < measured[1].bytes, (measured, share)
+    net = DetectionModel(str(path), verbose=False)
+    regions, head = plan.resolve(net).regions, net.model[-1]
+    assert plans[0].regions == regions  # the plan on the model that compiled
+    convs = [c for r in regions for i in r.layers for c in net.model[i].modules() if isinstance(c, torch.nn.Conv2d)
+             and not any(c is d for d in head.dfl.modules()) and not any(c is b[-1] for b in (*head.cv2, *head.cv3))]
+    assert seen == [{"budget": 0.3, "regions": len(regions), "recomputed": len(convs)}], (seen, len(convs))
+    saved = yaml.safe_load((tmp_path / "auto" / "args.yaml").read_text())
+    recorded = {**plan.keys(), "compile_memory_budget": 0.3}
+    assert {k: saved[k] for k in recorded} == recorded
+    (row,) = results(tmp_path / "auto")
+    assert float(row["mem/peak_tensor_GB"]) * 2**30 <= target.share == int(parse_memory(budget) * 0.6), (row, target)
+
+    said = [x for x in lines if "to train this plan again without planning, pass " in x]
+    keys = said[0].split("without planning, pass ", 1)[1].removesuffix(" (args.yaml holds them too)")
+    overrides = {k: v for k, v in parse_train_args(["train", *shlex.split(keys)]).items() if k != "mode"}
+    assert overrides["compile_memory_budget"] == 0.3, keys
+    lines, again = train("again", **overrides)
+    assert not measured and not any("auto under compile" in x for x in lines)
+    assert again[0].regions == regions and seen == [{"budget": 0.3, "regions": len(regions), "recomputed": len(convs)}]
+
+
+def test_compile_budget_reaches_every_ddp_rank_and_is_applied_there(detect_data, tmp_path, monkeypatch):
+    """Under DDP ``compile_memory_budget`` reaches each worker and is applied there before its model compiles: given,
+    in the arguments Ultralytics' launcher pickles for its workers (``generate_ddp_file``'s state, read back and built
+    as the worker file builds it); chosen by ``auto``, in rank 0's broadcast (``memory_hooks.decide``'s own packing of
+    a compiled choice), which a rank other than 0 records in its ``args`` and applies at ``on_pretrain_routine_end``
+    after ``auto``'s hook. No process launched: the broadcast is stood in for, the rank is patched to 1."""
+    from pathlib import Path
+
+    from ultralytics.utils import DEFAULT_CFG_DICT
+    from ultralytics.utils.dist import ddp_cleanup, generate_ddp_file
+    from ultralytics.utils.patches import torch_load
+
+    from yolo_ckpt import DetectionTrainer
+    from yolo_ckpt.integration import memory_hooks, run_facts
+    from yolo_ckpt.integration.auto import AutoChoice
+    from yolo_ckpt.regions.settings import PlanSettings
+
+    args = {"data": detect_data, "model": "yolo11n.yaml", "project": str(tmp_path), "device": "cpu", "compile": True}
+    parent = DetectionTrainer(overrides={**args, "compile_memory_budget": 0.5})
+    file = generate_ddp_file(parent)
+    try:
+        state = torch_load(Path(file).with_suffix(".pt"), map_location="cpu")
+    finally:
+        ddp_cleanup(parent, file)
+    worker = state["trainer"](cfg={**DEFAULT_CFG_DICT, "save_dir": ""}, overrides=state["args"],
+                              _callbacks=state["callbacks"])
+    hooks = worker.callbacks["on_pretrain_routine_end"]
+    assert hooks.index(memory_hooks.choose_auto_plan) < hooks.index(memory_hooks.apply_compile_budget)
+    with torch._functorch.config.patch(activation_memory_budget=1.0):
+        memory_hooks.apply_compile_budget(worker)
+        assert worker.args.compile_memory_budget == 0.5 == torch._functorch.config.activation_memory_budget
+
+    plan = PlanSettings.of("all", layers="head")
+    rank0 = DetectionTrainer(overrides={**args, "checkpoint_stages": "auto", "memory_budget": "1GB"})
+    rank0.run_memory.choose_plan = lambda *a, **k: AutoChoice(plan, 2, [], None, 0, 0, 0.3, compiled=True)
+    rank0.model, rank0.stride, rank0.amp = DetectionModel(deepcopy(MINI), verbose=False), 32, False  # as set up
+    decision = memory_hooks.decide(rank0, rank0.model, 1, False, 0)
+    rank1 = DetectionTrainer(overrides={**args, "checkpoint_stages": "auto", "memory_budget": "1GB"})
+    rank1.model = DetectionModel(deepcopy(MINI), verbose=False)
+    monkeypatch.setattr(memory_hooks, "RANK", 1)
+    monkeypatch.setattr(run_facts, "RANK", 1)
+    monkeypatch.setattr(memory_hooks, "from_rank0", lambda value: decision)  # rank 1's value is None
+    with torch._functorch.config.patch(activation_memory_budget=1.0):
+        memory_hooks.auto_plan(rank1, 1)  # choose_auto_plan's call, its objects counted from the loader
+        memory_hooks.apply_compile_budget(rank1)
+        assert rank1.args.compile_memory_budget == 0.3 == torch._functorch.config.activation_memory_budget
+    assert checkpoint_plan(rank1.model).regions == plan.resolve(rank1.model).regions

@@ -199,8 +199,10 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
                         f"{written} allowed it){'' if trainer.args.checkpoint_loss == 'chunked' else ': bit for bit'}")
     for line in decision["lines"]:
         LOGGER.info(line)
+    budget = decision["settings"].get("compile_memory_budget")
     LOGGER.info(f"{PREFIX} auto: to train this plan again without planning, pass "
-                f"{PlanSettings.from_keys(decision['settings'])} (args.yaml holds them too)")
+                f"{PlanSettings.from_keys(decision['settings'])}"
+                f"{'' if budget is None else f' compile_memory_budget={budget:g}'} (args.yaml holds them too)")
     return decision["batch"]
 
 
@@ -216,7 +218,7 @@ def decide(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
                                 device=trainer.device, validation=validation_of(trainer),
                                 compiled=bool(trainer.args.compile))
     settings = choice.settings.keys()
-    if choice.compile_budget is not None:
+    if choice.compiled:  # the budget measured, torch's default (None) included
         settings["compile_memory_budget"] = choice.compile_budget
     return {"settings": settings, "batch": choice.batch, "lines": choice.lines, "val_batch": memory.val_batch}
 
@@ -224,8 +226,13 @@ def decide(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
 def apply_compile_budget(trainer: Any) -> None:
     """``on_pretrain_routine_end``, after ``auto``: ``compile_memory_budget`` (given, or chosen by ``auto``) into
     ``torch._functorch.config.activation_memory_budget``, which the partitioner reads when the model compiles at the
-    first step; the trainer's ``train`` puts torch's value back however training ends."""
+    first step; the trainer's ``train`` puts torch's value back however training ends.
+
+    Under compile, dynamo's cache is emptied first: a graph an earlier run in this process compiled for the same
+    model class is otherwise reused (guards do not see the budget), partitioned under that run's budget."""
     budget = getattr(trainer.args, "compile_memory_budget", None)
+    if trainer.args.compile:
+        torch._dynamo.reset()
     if budget is not None and trainer.args.compile:
         torch._functorch.config.activation_memory_budget = float(budget)
         LOGGER.info(f"{PREFIX} compile_memory_budget={budget}: torch.compile's activation_memory_budget")
