@@ -39,11 +39,19 @@ sys.modules["yolo_ckpt"] = None  # any pickled reference to our package, or any 
 SAFE = {**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
 
 
-def test_yolo11n_whole_network_bitwise_equal_to_vanilla(detect_data, tmp_path):
+@pytest.fixture(scope="module")
+def yolo11n_vanilla(detect_data, tmp_path_factory) -> Path:
+    """Vanilla yolo11n, one epoch at ``TRAIN_ARGS`` (forwards counted): the reference of the yolo11n plans below,
+    trained once; each plan's run goes into its project (a pair's runs differ only in name)."""
+    return train_run("yolo11n.yaml", detect_data, tmp_path_factory.mktemp("yolo11n"), "vanilla", epochs=1)
+
+
+def test_yolo11n_whole_network_bitwise_equal_to_vanilla(detect_data, yolo11n_vanilla):
     """All stages and the head: every layer that stores activations is recomputed (Upsample/Concat store none)."""
     assert len(CheckpointPlan.from_spec("yolo11n.yaml", "all", "head").layer_regions) == 7
-    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, layers="head", epochs=1)
-    assert_same_training("yolo11n.yaml", "all", *pair, layers="head")
+    ours = {"checkpoint_stages": "all", "checkpoint_mode": "full", "checkpoint_layers": "head"}  # as train_pair
+    ckpt = train_run("yolo11n.yaml", detect_data, yolo11n_vanilla.parent, "whole", ours, epochs=1)
+    assert_same_training("yolo11n.yaml", "all", yolo11n_vanilla, ckpt, layers="head")
 
 
 def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
@@ -53,11 +61,12 @@ def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(d
     assert_same_training("yolov8n.yaml", [2, 3], *pair, layers=layers)
 
 
-def test_yolo11n_all_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
+def test_yolo11n_all_selective_bitwise_equal_to_vanilla(detect_data, yolo11n_vanilla):
     """The whole backbone selective: what the cost rule keeps beyond convolutions (SPPF's pooling windows, C2PSA's
     long-inner-dimension matmul) and what it recomputes (BatchNorm, SiLU, the cheap convolutions, QK^T)."""
-    pair = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, mode="selective", epochs=1)
-    assert_same_training("yolo11n.yaml", "all", *pair)
+    ours = {"checkpoint_stages": "all", "checkpoint_mode": "selective", "checkpoint_layers": None}
+    ckpt = train_run("yolo11n.yaml", detect_data, yolo11n_vanilla.parent, "selective", ours, epochs=1)
+    assert_same_training("yolo11n.yaml", "all", yolo11n_vanilla, ckpt)
 
 
 @pytest.mark.parametrize("task, model", [("segment", "yolo11n-seg.yaml"), ("pose", "yolo26n-pose.yaml"),
