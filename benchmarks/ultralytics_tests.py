@@ -23,10 +23,8 @@ Ours must really checkpoint: every run a test saves must say ``checkpoint_stages
 that trained must have recomputed regions in backward (counted in the test's process and in the ``yolo-ckpt``
 processes it starts, ``ultralytics_suite/counting.py``); otherwise the test counts as failed, "vanilla".
 
-Measured 2026-12-07 (ultralytics 8.4.190, torch 2.14.1, a shared 2-core CPU, 910 s for both runs): Ultralytics'
-trainers 52 passed, 5 skipped (test_grayscale's exports, no onnx); ours 51 passed, 1 failed
-(test_engine.py::test_distill_resume: the resume checks the plan against last.pt's DistillationModel), 5 skipped,
-0 vanilla.
+Measured 2026-12-07 (ultralytics 8.4.190, torch 2.14.1, a shared 2-core CPU under other jobs, 1892 s for both runs):
+Ultralytics' trainers 52 passed, 5 skipped (test_grayscale's exports, no onnx); ours 52 passed, 5 skipped, 0 vanilla.
 
 Prints one table (Ultralytics' trainers, ours, the regions each training of ours recomputed, the runs it saved with
 their ``checkpoint_stages``, the test) and a last line with both counts; exits 1 when a test that passes with
