@@ -138,6 +138,8 @@ COMMANDS = {
         ("checked", "COCO at 1280 px"),
     "yolo-ckpt train data=coco.yaml model=yolo11n.yaml imgsz=640 batch=4 compile=True checkpoint_stages=auto "
     "memory_budget=2GB": ("checked", "COCO at 640 px, twelve inductor compiles"),
+    "python benchmarks/ultralytics_tests.py":
+        ("test", "tests/test_ultralytics_suite.py::test_ultralytics_training_tests_pass_with_our_trainers"),
     "python benchmarks/compiled_memory.py --imgsz 640 --batch 4 --plan-budgets":
         ("test", "tests/test_compile.py::test_profiler_allocation_peak_is_the_tracker_peak_on_eager_steps_and_"
                  "measures_compiled_ones"),
