@@ -1,8 +1,10 @@
 """Checkpointed training against vanilla Ultralytics training: bit for bit, same files, same resume."""
 
 import copy
+import functools
 import os
 import pickletools
+import re
 import subprocess
 import sys
 import zipfile
@@ -98,20 +100,36 @@ def test_cuda_trainer_bitwise_equal_to_vanilla(detect_data, tmp_path):
 EXTERNAL = {"yolo26n-sem.yaml": write_polygon_set, "yolo26n-depth.yaml": write_depth_set}
 
 
+@pytest.fixture(scope="module")
+def foreign_vanilla(tmp_path_factory):
+    """``foreign_vanilla(model)``: the set written for ``model`` (``EXTERNAL``) and vanilla's run on it at 128 px
+    (forwards counted), once per model: the reference of each of its plans below, whose runs go into its project (a
+    pair's runs differ only in name)."""
+    @functools.cache
+    def run(model: str) -> tuple[str, Path]:
+        project = tmp_path_factory.mktemp(Path(model).stem)
+        data = EXTERNAL[model](project / "data", size=128, images={"train": 6, "val": 2})
+        return data, train_run(model, data, project, "vanilla", imgsz=128)
+
+    return run
+
+
 @pytest.mark.parametrize("model, stages, mode, layers", [
     ("yolo26n-sem.yaml", "all", "full", None),
     ("yolo26n-sem.yaml", [2, 3], "selective", None),
     ("yolo26n-depth.yaml", "all", "full", None),
     ("yolo26n-depth.yaml", [], "full", "head"),  # the depth head (layers 13-23) alone
 ])
-def test_semantic_and_depth_train_like_vanilla_on_foreign_data(model, stages, mode, layers, tmp_path):
+def test_semantic_and_depth_train_like_vanilla_on_foreign_data(model, stages, mode, layers, foreign_vanilla):
     """Semantic segmentation on YOLO polygons and depth on uint16 PNG maps, both written here with numpy/cv2 (not by
     yolo_ckpt), train bit for bit as vanilla Ultralytics; the weights load in plain Ultralytics with safe loading."""
-    data = EXTERNAL[model](tmp_path / "data", size=128, images={"train": 6, "val": 2})
-    pair = train_pair(model, stages, data, tmp_path, mode=mode, layers=layers, imgsz=128)
+    data, vanilla = foreign_vanilla(model)
+    ours = {"checkpoint_stages": stages, "checkpoint_mode": mode, "checkpoint_layers": layers}  # as train_pair
+    ckpt = train_run(model, data, vanilla.parent, re.sub(r"\W", "", f"ckpt{stages}{mode}{layers}"), ours, imgsz=128)
+    pair = vanilla, ckpt
     assert_same_training(model, stages, *pair, layers=layers)
     task = ultralytics.YOLO(model).task
-    image = next((tmp_path / "data" / "images" / "val").iterdir())
+    image = next((Path(data).parent / "images" / "val").iterdir())
     code = BLOCKED + f"""
 from ultralytics import YOLO
 m = YOLO(r"{pair[1] / 'weights' / 'best.pt'}")
