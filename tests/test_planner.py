@@ -255,12 +255,12 @@ def test_autobatch_auto_gives_the_largest_batch_any_plan_allows(small, exhaustiv
     assert choice.batch >= most.batch > plan_batch(small, StepShape(IMGSZ), budget=budget, fraction=0.6).batch
 
 
-def test_autobatch_auto_never_refuses_the_batch_its_plan_set(small, monkeypatch):
+def test_autobatch_auto_never_refuses_the_batch_its_plan_set(small, exhaustive, monkeypatch):
     """The plan measured to keep the least sets the batch; predictions at that batch may rank it past every plan
     ``choose_plan`` measures. Under this stub clock (each unit's batch-1 time fixed by a seed instead of timed) the
     planner before the fix sized batch 28 with such a plan and then raised NothingFits there (CI saw the same at
     batch 24 with timed steps): the batch set is taken, with a plan measured independently to fit it."""
-    costs = unit_costs(small, StepShape(IMGSZ))
+    costs = dataclasses.replace(exhaustive[0], mixed=True)  # small's unit costs, as planning measures them (mixed)
     rnd = random.Random(2)
     clock = dataclasses.replace(costs, plain=dataclasses.replace(costs.plain, seconds=1.0), unit={
         k: dataclasses.replace(v, seconds=1.0 + rnd.random()) for k, v in sorted(costs.unit.items(), key=str)})
