@@ -450,7 +450,7 @@ def test_autos_printed_keys_train_the_same_plan_again_without_planning(detect_da
         LOGGER.addHandler(handler)
         try:
             model.train(data=detect_data, project=str(tmp_path), name=name,
-                        **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False}, **keys)
+                        **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False, "fraction": 4}, **keys)
         finally:
             LOGGER.removeHandler(handler)
         return seen[0], lines
@@ -496,7 +496,7 @@ def test_least_installs_the_plan_that_keeps_the_least_and_trains_like_vanilla(de
     from yolo_ckpt.planning.search import deepest
     from yolo_ckpt.regions.settings import PlanSettings
 
-    vanilla, ckpt = (train_run("yolo11n.yaml", detect_data, tmp_path, name, ours, epochs=1, imgsz=160)
+    vanilla, ckpt = (train_run("yolo11n.yaml", detect_data, tmp_path, name, ours, epochs=1, imgsz=160, fraction=8)
                      for name, ours in (("vanilla", None), ("ckpt", {"checkpoint_stages": "least"})))
     chosen = yaml.safe_load((ckpt / "args.yaml").read_text())
     assert chosen["checkpoint_stages"] != "least" and (chosen["checkpoint_stages"] or chosen["checkpoint_layers"])
