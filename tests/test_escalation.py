@@ -55,6 +55,12 @@ def run(data, project, name, **ours):
     return model.trainer, Path(model.trainer.save_dir)
 
 
+@pytest.fixture(scope="module")
+def plain(detect_data, tmp_path_factory) -> Path:
+    """The plain run at ``ARGS`` (forwards counted): the reference the escalated runs' fresh runs recompute against."""
+    return run(detect_data, tmp_path_factory.mktemp("plain"), "plain", checkpoint_stages=[])[1]
+
+
 @pytest.mark.heavy(3)
 def test_oom_escalates_the_plan_at_the_same_batch_and_trains_as_a_fresh_run(detect_data, tmp_path):
     # the device: 0.6x of what vanilla training peaks at on a device (exact tensor bytes, model and optimizer included);
@@ -155,7 +161,7 @@ def test_auto_that_chose_vanilla_still_escalates(detect_data, tmp_path):
     assert chosen["checkpoint_stages"] or chosen["checkpoint_layers"], chosen  # a plan, where auto had none
 
 
-def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect_data, tmp_path):
+def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect_data, tmp_path, plain):
     """Out of memory twice at the start: two escalations, each to a plan keeping less, at the same batch; the run is
     then bit for bit the run started with the last plan (BatchNorm buffers and generators back to the epoch start)."""
     from support import CkptOOMTwice
@@ -172,12 +178,11 @@ def test_two_escalations_in_a_row_train_as_a_fresh_run_with_the_last_plan(detect
     chosen = {k: v for k, v in yaml.safe_load((esc / "args.yaml").read_text()).items() if k in KEYS}
     _, fresh = run(detect_data, tmp_path, "fresh", **chosen)
     assert_same_run(fresh, esc)
-    _, plain = run(detect_data, tmp_path, "plain", checkpoint_stages=[])
     assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], plain, fresh,
                            chosen["checkpoint_layers"] or None)
 
 
-def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_path):
+def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_path, plain):
     """Regions inside layers (C3k2's ``cv1``, each branch of Detect) out of memory on the first step, through
     Ultralytics' own retry: the plan is outside the planner's units, so its own step at the batch is measured; the run
     escalates once, at the same batch, to a plan whose step keeps less (measured again here with a fresh tracker: the
@@ -204,7 +209,6 @@ def test_a_plan_of_parts_escalates_and_trains_as_a_fresh_run(detect_data, tmp_pa
     assert step(chosen) < step(parts), chosen
     _, fresh = run(detect_data, tmp_path, "fresh", **chosen)
     assert_same_run(fresh, esc)
-    _, plain = run(detect_data, tmp_path, "plain", checkpoint_stages=[])
     assert_plan_recomputed("yolo11n.yaml", chosen["checkpoint_stages"], plain, fresh,
                            chosen["checkpoint_layers"] or None)  # layers by their forwards, parts by convolutions
 
