@@ -366,6 +366,17 @@ def test_a_space_too_large_to_list_keeps_the_fastest_plan_for_every_target(small
         assert (got.seconds, got.flops) == (best.seconds, best.flops), target
 
 
+@pytest.fixture(scope="module")
+def small_vanilla(detect_data, tmp_path_factory) -> tuple[str, Path]:
+    """``SMALL``'s config file and its vanilla run (one epoch at 160 px, forwards counted): the reference of the plans
+    of per-unit modes below, trained once; each plan's run goes into its project (a pair's runs differ only in
+    name)."""
+    project = tmp_path_factory.mktemp("small")
+    cfg = project / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    return str(cfg), train_run(str(cfg), detect_data, project, "vanilla", epochs=1, imgsz=160)
+
+
 @pytest.mark.parametrize("mode", UNIT_MODES)
 def test_every_unit_mode_is_exact_and_recomputes_what_it_names(small, exhaustive, mode):
     """Each mode auto may give a unit — its regions full, selective or not recomputed, and its parts (each a region
@@ -382,7 +393,7 @@ def test_every_unit_mode_is_exact_and_recomputes_what_it_names(small, exhaustive
                                 s["checkpoint_stages"], s["checkpoint_mode"])
 
 
-def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_data, tmp_path):
+def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_data, small_vanilla):
     """The settings auto writes for a plan whose units differ in mode — selective; parts alone; selective with full
     parts inside; full with selective parts inside; the neck's parts alone, selective; full with full parts inside
     the head layer — train bit for bit like vanilla, every region recomputed."""
@@ -392,14 +403,14 @@ def test_a_plan_of_per_unit_modes_trains_like_vanilla(small, exhaustive, detect_
     s = c.settings.keys()
     assert s["checkpoint_stages"] == [] and s["checkpoint_layers"] == [
         "0:selective", "2.*", "3-4:selective", "4.*", "5-6", "6.*:selective", "9.*:selective", "10", "10.*"]
-    cfg = tmp_path / "small.yaml"
-    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
-    vanilla, ckpt = train_pair(str(cfg), [], detect_data, tmp_path, layers=s["checkpoint_layers"], epochs=1,
-                               imgsz=160)
-    assert_same_training(str(cfg), [], vanilla, ckpt, layers=s["checkpoint_layers"])
+    cfg, vanilla = small_vanilla
+    ckpt = train_run(cfg, detect_data, vanilla.parent, "per_unit", {"checkpoint_stages": [], "checkpoint_mode": "full",
+                     "checkpoint_layers": s["checkpoint_layers"]}, epochs=1, imgsz=160)
+    assert_same_training(cfg, [], vanilla, ckpt, layers=s["checkpoint_layers"])
 
 
-def test_the_stem_and_the_next_stage_are_a_unit_of_one_region(small, exhaustive, mixed, detect_data, tmp_path):
+def test_the_stem_and_the_next_stage_are_a_unit_of_one_region(small, exhaustive, mixed, detect_data,
+                                                              small_vanilla):
     """The joined unit ``(1, 2)`` is the region ``checkpoint_stages=[1,2]`` makes (layers 0-2), measured alone to
     keep less than its two stages apart (no stem output kept), never in a plan with either of them; in a plan of
     per-unit modes it trains bit for bit like vanilla, every region recomputed."""
@@ -416,11 +427,10 @@ def test_the_stem_and_the_next_stage_are_a_unit_of_one_region(small, exhaustive,
     every = candidates(mixed[1][0], BATCH, 0)
     assert any((1, 2) in p.units for p in every)
     assert not any((1, 2) in p.units and (1 in p.units or 2 in p.units) for p in every)
-    cfg = tmp_path / "small.yaml"
-    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
-    vanilla, ckpt = train_pair(str(cfg), [], detect_data, tmp_path, layers=s["checkpoint_layers"], epochs=1,
-                               imgsz=160)
-    assert_same_training(str(cfg), [], vanilla, ckpt, layers=s["checkpoint_layers"])
+    cfg, vanilla = small_vanilla
+    ckpt = train_run(cfg, detect_data, vanilla.parent, "joined", {"checkpoint_stages": [], "checkpoint_mode": "full",
+                     "checkpoint_layers": s["checkpoint_layers"]}, epochs=1, imgsz=160)
+    assert_same_training(cfg, [], vanilla, ckpt, layers=s["checkpoint_layers"])
 
 
 
