@@ -11,7 +11,14 @@ the model's forward compiled, the criterion called outside the graph on its pred
 - ``least-stem``, the least-keeping plan with parts nested only in the stem's region (``nested_in_first_region``):
   what keeps the least under compile, eager and compiled;
 - compiled vanilla under compile's own ``torch._functorch.config.activation_memory_budget`` (``--budgets``, 0.5, 0.3
-  and 0.1), and the plans with a budget too (``--plan-budgets``, 0.3): the issue's table in the issue's order.
+  and 0.1), and the plans with a budget too (``--plan-budgets``, 0.3): the issue's table in the issue's order;
+- the cases of ``--channels-first`` compiled with inductor's layout optimization off
+  (``torch._inductor.config.layout_optimization``, set only while the case compiles): on CPU inductor otherwise runs
+  every convolution channels-last, so each step copies every conv weight (and the convolutions' inputs and gradients)
+  to that layout, and the forward saves the weight copies for backward;
+- the plans of ``--apart`` compiled channels first with their regions compiled apart from the model's graph
+  (``regions.recompute.regions_compiled_apart``): each region under eager checkpointing, its inside a compiled graph
+  of its own, so the backward recomputes region by region as eagerly.
 
 Every case runs one untimed step first (compiles, warms caches, builds the criterion), then one step under
 ``torch.profiler.profile(profile_memory=True)``: its peak is the high-water mark of the allocation records' running
@@ -26,6 +33,8 @@ Usage:
     python benchmarks/compiled_memory.py                                     # yolo11n, 320 px, batch 2
     python benchmarks/compiled_memory.py --imgsz 640 --batch 4 --repeats 3   # the issue's case (about 15 min CPU)
     python benchmarks/compiled_memory.py --cases vanilla least --budgets 0.3 --plan-budgets 0.3
+    python benchmarks/compiled_memory.py --imgsz 640 --batch 4 --cases vanilla least-stem --budgets --plan-budgets \
+        --channels-first least-stem --apart least-stem least   # what meets issue 48's 0.33x (docs/compile.md)
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +54,7 @@ from yolo_ckpt.memory.step import StepShape, build_model, training_batch, with_p
 from yolo_ckpt.memory.tracker import LiveTensorTracker
 from yolo_ckpt.planning.search import deepest, nested_in_first_region
 from yolo_ckpt.regions.install import disable_checkpointing
+from yolo_ckpt.regions.recompute import regions_compiled_apart
 from yolo_ckpt.regions.settings import PlanSettings
 
 MiB = 2**20
@@ -101,18 +111,25 @@ def plan_settings(name: str, model: nn.Module) -> PlanSettings | None:
 
 
 def measure(base: nn.Module, shape: StepShape, plan: str, compiled: bool, budget: float | None,
-            repeats: int, backend: str = "inductor") -> Row:
-    """One case: a fresh copy of ``base`` with the plan, compiled (with ``backend``) or not, warmed, profiled,
-    tracked, timed."""
+            repeats: int, backend: str = "inductor", channels_first: bool = False, apart: bool = False) -> Row:
+    """One case: a fresh copy of ``base`` with the plan, compiled (with ``backend``; ``channels_first``: inductor's
+    layout optimization off; ``apart``: its regions compiled apart) or not, warmed, profiled, tracked, timed."""
     settings = plan_settings(plan, base)
     model = with_plan(base, settings or PlanSettings(loss="none"))
     batch = training_batch(model, shape)
     torch._dynamo.reset()
-    config = torch._functorch.config.patch(activation_memory_budget=budget) if budget is not None else nullcontext()
+    config = ExitStack()  # read when the graphs compile (the warm step), both
+    if budget is not None:
+        config.enter_context(torch._functorch.config.patch(activation_memory_budget=budget))
+    if channels_first:
+        config.enter_context(torch._inductor.config.patch(layout_optimization=False))
+    if apart:  # every step: dynamo guards on it
+        config.enter_context(regions_compiled_apart(backend))
     forward = torch.compile(model, mode="default", backend=backend) if compiled else model
     name = f"{'compiled' if compiled else 'eager'} {plan}" + (f", budget {budget:g}" if budget is not None else "")
+    name += (", regions apart" if apart else "") + (", channels first" if channels_first else "")
     try:
-        with config:  # the partitioner reads the budget when the graph compiles (the warm step)
+        with config:
             step = training_step(model, forward, batch)
             step()  # compiles, builds the criterion, warms caches
             peak, kept = profile_step(step)
@@ -160,18 +177,24 @@ def main() -> None:
                    help="activation_memory_budget values for compiled vanilla")
     p.add_argument("--plan-budgets", nargs="*", type=float, default=[0.3],
                    help="activation_memory_budget values for the compiled plans too")
+    p.add_argument("--channels-first", nargs="*", default=[], choices=PLANS,
+                   help="plans compiled once more with inductor's layout optimization off")
+    p.add_argument("--apart", nargs="*", default=[], choices=PLANS[1:],
+                   help="plans compiled once more channels first, each region compiled apart from the model's graph")
     args = p.parse_args()
     torch.manual_seed(0)
     base = build_model(args.model)
     shape = StepShape(args.imgsz, args.batch, args.objects)
     plans = [plan for plan in args.cases if plan != "vanilla"]  # the issue's order: vanilla and its budgets first
-    cases = [(plan, False, None) for plan in args.cases if args.eager]
-    cases += [("vanilla", True, b) for b in [None, *args.budgets] if "vanilla" in args.cases]
-    cases += [(plan, True, None) for plan in plans]
-    cases += [(plan, True, b) for b in args.plan_budgets for plan in plans]
+    cases = [(plan, False, None, False, False) for plan in args.cases if args.eager]
+    cases += [("vanilla", True, b, False, False) for b in [None, *args.budgets] if "vanilla" in args.cases]
+    cases += [(plan, True, None, False, False) for plan in plans]
+    cases += [(plan, True, b, False, False) for b in args.plan_budgets for plan in plans]
+    cases += [(plan, True, None, True, False) for plan in args.channels_first]
+    cases += [(plan, True, None, True, True) for plan in args.apart]
     rows = []
-    for plan, compiled, budget in cases:
-        rows.append(measure(base, shape, plan, compiled, budget, args.repeats, args.backend))
+    for plan, compiled, budget, channels_first, apart in cases:
+        rows.append(measure(base, shape, plan, compiled, budget, args.repeats, args.backend, channels_first, apart))
         print(f"measured {rows[-1].name}: {rows[-1].peak / MiB:.1f} MiB", flush=True)
     print(f"\n{args.model}, {args.imgsz} px, batch {args.batch}, fp32, {torch.get_num_threads()} thread(s), "
           f"torch {torch.__version__}, compiled with {args.backend}:\n")

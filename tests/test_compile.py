@@ -447,3 +447,47 @@ def test_compile_budget_reaches_every_ddp_rank_and_is_applied_there(detect_data,
         memory_hooks.apply_compile_budget(rank1)
         assert rank1.args.compile_memory_budget == 0.3 == torch._functorch.config.activation_memory_budget
     assert checkpoint_plan(rank1.model).regions == plan.resolve(rank1.model).regions
+
+
+def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(monkeypatch):
+    """``regions_compiled_apart``: each region leaves the compiled graph (a graph break), runs under eager
+    checkpointing, and its inside is compiled apart, called in the forward and again in the recompute; a part nested
+    in a stage's region is recomputed twice more, as eagerly (in its region's recompute, then for its own backward).
+    Against the compiled plain model (``aot_eager``: the graphs run with eager kernels), two SGD steps: BatchNorm
+    weights, and the running statistics the second step computes from them, within float rounding (rtol 1e-6, atol
+    1e-7 element by element; at most 3e-6 of a tensor's largest value, on BatchNorm biases): gradients sum region by
+    region instead of in one graph. BatchNorm updates once per step, its recompute's update undone as eagerly. 13 s."""
+    from yolo_ckpt.regions import recompute
+
+    torch.manual_seed(0)
+    base = DetectionModel(deepcopy(TINY), verbose=False).train()
+    base.args = get_cfg()
+    batch = training_batch(base, StepShape(64, 2))
+    plain, ckpt = deepcopy(base), deepcopy(base)
+    plan = CheckpointPlan.from_spec(ckpt, [2, 3], ["2.m.0"])  # a part nested in stage 2's region
+    enable_checkpointing(ckpt, plan, "full")
+    calls: dict = {}
+    made = recompute._compiled_region
+
+    def counted(fn, modules):
+        compiled = made(fn, modules)
+
+        def call(*args):
+            calls[modules] = calls.get(modules, 0) + 1
+            return compiled(*args)
+        return call
+
+    monkeypatch.setattr(recompute, "_compiled_region", counted)
+    compiled_steps(plain, batch)
+    with recompute.regions_compiled_apart("aot_eager"):
+        compiled_steps(ckpt, batch)
+    part = next(r for r in plan.regions if r.parts)
+    assert sorted(calls.values()) == [4] * (len(plan.regions) - 1) + [6], calls  # 2 steps x (forward, recompute[, ...])
+    assert any(len(m) == 1 and m[0] is ckpt.model[2].get_submodule(part.parts[0]) for m in calls)
+    reference = plain.state_dict()
+    for k, v in ckpt.state_dict().items():  # weights and running statistics from them within rounding, counts exact
+        if v.is_floating_point():
+            torch.testing.assert_close(v, reference[k], rtol=1e-6, atol=1e-7, msg=k)
+        else:
+            assert torch.equal(v, reference[k]), k
+    assert int(ckpt.model[1].bn.num_batches_tracked) == 2  # once per step: each recompute's update undone
