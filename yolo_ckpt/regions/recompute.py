@@ -294,7 +294,7 @@ def regions_compiled_apart(backend: str = "inductor") -> Iterator[None]:
     dynamo guards on it, and a step outside it compiles the model again, in one graph.
 
     On yolo11n at 640 px, batch 4 (CPU, inductor with its layout optimization off), ``least-stem`` then keeps 0.296x
-    of eager vanilla's step peak at 1.32x its time, against 0.336x in one graph (docs/compile.md)."""
+    of eager vanilla's step peak at 1.27-1.41x its time (four runs), against 0.336x in one graph (docs/compile.md)."""
     prior, _apart.backend = _apart.backend, backend
     try:
         yield
