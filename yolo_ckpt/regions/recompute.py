@@ -290,14 +290,18 @@ _compiled_regions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 @contextmanager
 def regions_compiled_apart(backend: str = "inductor") -> Iterator[None]:
     """While the block runs, a compiled model's ``full`` regions are compiled apart from its graph, each with
-    ``backend`` (see above; ``selective`` regions stay in the graph). Hold it for every step of the compiled model:
+    ``backend`` (see above; ``selective`` regions stay in the graph), and inductor compiles channels first
+    (``torch._inductor.config.layout_optimization`` off). Hold it for every step of the compiled model:
     dynamo guards on it, and a step outside it compiles the model again, in one graph.
 
-    On yolo11n at 640 px, batch 4 (CPU, inductor with its layout optimization off), ``least-stem`` then keeps 0.296x
-    of eager vanilla's step peak at 1.27-1.41x its time (four runs), against 0.336x in one graph (docs/compile.md)."""
+    On yolo11n at 640 px, batch 4 (CPU, inductor), ``least-stem`` then keeps 0.296x of eager vanilla's step peak at
+    1.27-1.41x its time (six runs, median 1.34x), against 0.336x in one graph, channels first (docs/compile.md)."""
     prior, _apart.backend = _apart.backend, backend
-    try:
-        yield
+    try:  # channels first: the frames dynamo resumes after each region's break (our loop's, shared by every region)
+        # recompile with symbolic sizes, which inductor's channels-last layout failed to order (yolo11n, 640 px:
+        # "cannot determine truth value of Relational"); channels-last also copies every weight each step
+        with torch._inductor.config.patch(layout_optimization=False):
+            yield
     finally:
         _apart.backend = prior
 
