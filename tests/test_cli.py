@@ -131,7 +131,8 @@ def test_help_examples_are_valid_settings(yolo11n):
         parsed = parse_train_args(["train", example])
         assert list(parsed) == ["mode", key]
         needs = {"simulate_allocator": {"simulate_gpu": "1GB", "device": "cpu"},  # rounds a simulated GPU
-                 "compile_memory_budget": {"compile": True}}.get(key, {})  # a budget of torch.compile
+                 "compile_memory_budget": {"compile": True},  # a budget of torch.compile
+                 "compile_regions": {"compile": True, "checkpoint_stages": [2, 3]}}.get(key, {})  # a plan compiled
         check_settings(yolo11n, {**parsed, **needs})  # raises for an invalid value
 
 
@@ -218,13 +219,17 @@ def test_bad_loss_plan_python_before_dataset_and_run_dir(tmp_path):
     (["compile_memory_budget=2", "compile=True"], "Valid: a number in (0, 1]"),
     (["compile_memory_budget=lots", "compile=True"], "Valid: a number in (0, 1]"),
     (["compile_memory_budget=0.3"], "Valid: with compile=True"),
+    (["compile_regions=apart", "checkpoint_stages=all"], "Valid: with compile=True"),
+    (["compile_regions=inside", "compile=True"], "Valid: 'graph' or 'apart'"),
+    (["compile_regions=apart", "compile=True"], "Valid: with checkpoint_stages or checkpoint_layers"),
 ])
 def test_bad_compile_budget_cli_one_line_before_any_work(args, valid, tmp_path, capsys, monkeypatch):
-    """``compile_memory_budget`` outside torch's (0, 1], or without ``compile=True`` (where it would change nothing):
-    one line naming what is valid, exit 2, no run directory and no dataset."""
+    """``compile_memory_budget`` outside torch's (0, 1], ``compile_regions`` not a place, either without
+    ``compile=True`` (where it would change nothing), or regions apart with no plan: one line naming what is valid,
+    exit 2, no run directory and no dataset."""
     rc, errors = in_process(["train", *args, f"project={tmp_path / 'runs'}"], capsys, monkeypatch, tmp_path)
     assert rc == 2 and len(errors) == 1, errors
-    assert errors[0].startswith("yolo-ckpt: error: compile_memory_budget=") and valid in errors[0], errors
+    assert errors[0].startswith(f"yolo-ckpt: error: {args[0].split('=')[0]}=") and valid in errors[0], errors
     assert list(tmp_path.iterdir()) == []
 
 

@@ -449,6 +449,26 @@ def test_compile_budget_reaches_every_ddp_rank_and_is_applied_there(detect_data,
     assert checkpoint_plan(rank1.model).regions == plan.resolve(rank1.model).regions
 
 
+def region_calls(monkeypatch) -> dict:
+    """Calls of each region's compiled inside under ``regions_compiled_apart``, by the region's modules, counted
+    around ``recompute._compiled_region`` while the test runs."""
+    from yolo_ckpt.regions import recompute
+
+    calls: dict = {}
+    made = recompute._compiled_region
+
+    def counted(fn, modules):
+        compiled = made(fn, modules)
+
+        def call(*args):
+            calls[modules] = calls.get(modules, 0) + 1
+            return compiled(*args)
+        return call
+
+    monkeypatch.setattr(recompute, "_compiled_region", counted)
+    return calls
+
+
 def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(monkeypatch):
     """``regions_compiled_apart``: each region leaves the compiled graph (a graph break), runs under eager
     checkpointing, and its inside is compiled apart, called in the forward and again in the recompute; a part nested
@@ -466,18 +486,7 @@ def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(mo
     plain, ckpt = deepcopy(base), deepcopy(base)
     plan = CheckpointPlan.from_spec(ckpt, [2, 3], ["2.m.0"])  # a part nested in stage 2's region
     enable_checkpointing(ckpt, plan, "full")
-    calls: dict = {}
-    made = recompute._compiled_region
-
-    def counted(fn, modules):
-        compiled = made(fn, modules)
-
-        def call(*args):
-            calls[modules] = calls.get(modules, 0) + 1
-            return compiled(*args)
-        return call
-
-    monkeypatch.setattr(recompute, "_compiled_region", counted)
+    calls = region_calls(monkeypatch)
     compiled_steps(plain, batch)
     with recompute.regions_compiled_apart("aot_eager"):
         compiled_steps(ckpt, batch)
@@ -491,3 +500,37 @@ def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(mo
         else:
             assert torch.equal(v, reference[k]), k
     assert int(ckpt.model[1].bn.num_batches_tracked) == 2  # once per step: each recompute's update undone
+
+
+def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path, monkeypatch):
+    """``compile_regions=apart`` through a ``compile=True`` run (``yolo_ckpt.YOLO``): in every training step each of
+    the plan's regions calls its own compiled inside twice, in the forward and in the recompute (counted around
+    ``recompute._compiled_region``, the test above's count); args.yaml records the key; inductor's layout option is
+    torch's again after the run. ``aot_eager`` compiles the model (Ultralytics' ``attempt_compile``) and the regions,
+    where real runs use inductor for both, so that it takes seconds."""
+    import functools
+
+    import ultralytics.engine.trainer as engine
+
+    from yolo_ckpt import YOLO
+    from yolo_ckpt.integration import trainer as ours
+    from yolo_ckpt.regions import recompute
+
+    monkeypatch.setattr(engine, "attempt_compile", lambda model, **kw: torch.compile(model, backend="aot_eager"))
+    monkeypatch.setattr(ours, "regions_compiled_apart", functools.partial(recompute.regions_compiled_apart,
+                                                                          "aot_eager"))
+    calls = region_calls(monkeypatch)
+    path = tmp_path / "yolo11-mini.yaml"
+    path.write_text(yaml.safe_dump(MINI, sort_keys=False))
+    layout, steps, plans = torch._inductor.config.layout_optimization, [], []
+    model = YOLO(str(path))
+    model.add_callback("on_train_batch_end", lambda t: steps.append(torch._inductor.config.layout_optimization))
+    model.add_callback("on_train_batch_start", lambda t: plans.append(checkpoint_plan(unwrap_model(t.model))))
+    model.train(data=detect_data, project=str(tmp_path), compile=True, checkpoint_stages="all",
+                checkpoint_layers="head", compile_regions="apart",
+                **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64, "fraction": 0.5, "val": False})
+    regions = plans[0].regions
+    assert steps == [False] * 2 and len(regions) > 1  # two steps (8 images, batch 4), compiled channels first
+    assert len(calls) == len(regions) and set(calls.values()) == {2 * len(steps)}, (calls, regions)
+    assert yaml.safe_load((Path(model.trainer.save_dir) / "args.yaml").read_text())["compile_regions"] == "apart"
+    assert torch._inductor.config.layout_optimization == layout

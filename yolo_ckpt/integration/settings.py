@@ -29,6 +29,7 @@ from ..versions import torchvision_error
 
 CKPT_CFG_DICT: dict[str, Any] = YAML.load(data_file("cfg", "default.yaml"))  # our keys and their defaults
 DEFAULT_CFG_DICT_CKPT: dict[str, Any] = {**DEFAULT_CFG_DICT, **CKPT_CFG_DICT}  # what `yolo-ckpt train` accepts
+COMPILE_REGIONS = ("graph", "apart")  # compile_regions: in the model's one compiled graph, or each region apart
 
 
 def check_settings(model: Any, args: dict) -> None:
@@ -61,6 +62,17 @@ def check_settings(model: Any, args: dict) -> None:
     if budget is not None and not args.get("compile"):  # it would change nothing: never silently ignored
         raise CheckpointConfigError(f"compile_memory_budget={budget} is torch.compile's budget and this run does not "
                                     f"compile. Valid: with compile=True, or no compile_memory_budget.")
+    regions = word(args.get("compile_regions") or "graph")
+    if regions not in COMPILE_REGIONS:
+        raise CheckpointConfigError(f"compile_regions={args['compile_regions']!r} is not a place to recompute under "
+                                    f"compile. Valid: 'graph' or 'apart' (with compile=True).")
+    if regions == "apart" and not args.get("compile"):  # it would change nothing: never silently ignored
+        raise CheckpointConfigError("compile_regions=apart compiles a plan's regions apart and this run does not "
+                                    "compile. Valid: with compile=True, or compile_regions=graph.")
+    if regions == "apart" and plain(args.get("checkpoint_stages")) in (None, [], "") and \
+            not args.get("checkpoint_layers"):
+        raise CheckpointConfigError("compile_regions=apart compiles a plan's regions apart and this run has no plan. "
+                                    "Valid: with checkpoint_stages or checkpoint_layers, or compile_regions=graph.")
     if args.get("simulate_allocator") and args.get("simulate_gpu") is None:
         raise CheckpointConfigError("simulate_allocator=True rounds the tensors of a simulated GPU. Valid: with "
                                     "simulate_gpu=SIZE and device=cpu, or simulate_allocator=False.")
