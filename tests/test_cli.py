@@ -222,6 +222,8 @@ def test_bad_loss_plan_python_before_dataset_and_run_dir(tmp_path):
     (["compile_regions=apart", "checkpoint_stages=all"], "Valid: with compile=True"),
     (["compile_regions=inside", "compile=True"], "Valid: 'graph' or 'apart'"),
     (["compile_regions=apart", "compile=True"], "Valid: with checkpoint_stages or checkpoint_layers"),
+    (["compile_regions=apart", "compile=True", "checkpoint_stages=auto", "memory_budget=1GB"],
+     "Valid: a plan of your own"),
 ])
 def test_bad_compile_budget_cli_one_line_before_any_work(args, valid, tmp_path, capsys, monkeypatch):
     """``compile_memory_budget`` outside torch's (0, 1], ``compile_regions`` not a place, either without
