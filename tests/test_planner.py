@@ -133,6 +133,25 @@ def test_measurements_shared_across_growing_targets_choose_as_fresh_ones(small, 
         assert choice.measured_bytes <= target and choice.candidate.seconds == fastest, share
 
 
+def test_vanilla_is_measured_first_and_where_it_fits_no_unit_is(small, monkeypatch):
+    """Without unit costs ``auto`` measures the vanilla step first: where it fits (the target the exact tracker measures
+    vanilla's step at), that one step is all it measures; a byte less, and it measures the units and chooses a plan
+    whose step, measured again independently, fits."""
+    shape = StepShape(IMGSZ, BATCH)
+    vanilla = step_bytes(deepcopy(small), shape)  # a copy, as planning's (with the loss the model has, or none yet)
+    calls = []
+    monkeypatch.setattr(planner, "unit_costs", lambda *a, **k: calls.append(1) or unit_costs(*a, **k))
+    fits = choose_plan(small, shape, vanilla)
+    assert not fits.candidate.recomputes and fits.measured_bytes == vanilla and fits.costs is None
+    assert not calls and len(fits.tried) == 1 and fits.measured_seconds is None  # nothing traded, nothing timed
+    tight = choose_plan(small, shape, vanilla - 1)
+    assert calls == [1] and tight.candidate.recomputes and tight.costs is not None
+    assert tight.tried[0].candidate.units == () and tight.tried[0].measured is None  # vanilla, over, first
+    chosen = with_plan(small, tight.candidate.settings.with_loss(None))  # a copy with the plan
+    assert tight.measured_bytes == step_bytes(chosen, shape) <= vanilla - 1
+    disable_checkpointing(chosen)
+
+
 def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive, timed_planning):
     """When vanilla fits, one line says so (no empty trade-off table); otherwise the table lists what was measured."""
     costs, fixed, peak, rows = exhaustive

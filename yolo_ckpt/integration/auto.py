@@ -214,6 +214,10 @@ def _choice_lines(choice: Any, capped: str, seconds: float) -> list[str]:
     """``auto``'s choice as log lines: its trade-off table, and what planning measured in how long."""
     how = "extrapolated from batches the device holds" if choice.extrapolated else "measured"
     lines = [f"{PREFIX} {line}" for line in auto_report(choice, how, capped)]
+    if choice.costs is None:  # vanilla measured first, and it fit
+        lines.append(f"{PREFIX} auto: planned in {seconds:.1f} s (vanilla's step measured at batch {choice.batch}; "
+                     f"no plan needed, so no unit measured)")
+        return lines
     lines.append(f"{PREFIX} auto: planned in {seconds:.1f} s ({len(choice.costs.unit) + 1} timed batch-1 steps: "
                  f"vanilla, and each unit alone in each of its modes; {len(choice.tried)} candidates measured at "
                  f"batch {choice.batch})")

@@ -260,7 +260,7 @@ def hold_batch(trainer: Any) -> None:
     if held is None:
         memory.prepare_escalation(model, checkpoint_plan(model) is not None)
         return
-    checkpoints = checkpoint_plan(model) is not None or memory.escalation.costs is not None  # auto chose vanilla?
+    checkpoints = checkpoint_plan(model) is not None or memory.escalation.planned  # auto chose vanilla?
     if RANK == -1 and memory.hold_batch(trainer.batch_size, settings_of(trainer), checkpoints,
                                         loss_escalation(trainer)):
         trainer.args.batch = trainer.batch_size = held

@@ -33,6 +33,7 @@ class Escalation:
         least (PlanSettings | None): The plan that keeps the least: ``search.deepest`` at set-up, the
             planner's ``least_keeping`` candidate once the units are measured.
         pending (bool): The retry kept the batch: install the next plan when the epoch restarts.
+        planned (bool): ``auto`` planned this run eagerly: escalation may install a plan where it chose none.
     """
 
     costs: Costs | None = None
@@ -41,6 +42,7 @@ class Escalation:
     stages: list = field(default_factory=list)
     least: PlanSettings | None = None
     pending: bool = False
+    planned: bool = False
 
     def measured(self, costs: Costs, batch: int) -> None:
         """The units' costs are known: escalation plans from them, and ends at their least-keeping candidate."""

@@ -132,11 +132,16 @@ class RunMemory:
                     buckets: int, loss_modes: Sequence[str], device: torch.device,
                     validation: Validation, compiled: bool = False) -> auto.AutoChoice:
         """``auto``'s plan (``auto.choose``), the validator's batch for it (its line among the choice's lines), and
-        escalation's costs from the units it measured."""
+        escalation's costs from the units it measured (where vanilla fit, none: escalation measures them itself if
+        training runs out of memory)."""
         choice = auto.choose(model, shape, target, autobatch=autobatch, images=images, buckets=buckets,
                              loss_modes=loss_modes, device=device, compiled=compiled)
         if choice.costs is not None:
             self.escalation.measured(choice.costs, choice.batch)
+        elif not choice.compiled:  # vanilla fit, no unit measured: escalation measures them if it is needed
+            self.escalation.planned = True
+            with random_state_kept(Generators.TORCH):  # its fallback where the retry cannot measure (memory free now)
+                self.escalation.least = deepest(model)
         line = self.plan_validation(model, validation, choice.batch, target.share, choice.held, choice.step)
         choice.lines.append(f"{PREFIX} auto: {line}")
         return choice

@@ -110,13 +110,15 @@ class Choice:
         batch (int): The batch it was measured at.
         measured_bytes (int): Its measured step (model state, batch, step peak); extrapolated when ``extrapolated``.
         target_bytes (int): The memory it had to fit.
-        base_flops (int): FLOPs of the vanilla step at ``batch``, for ratios.
+        base_flops (int): FLOPs of the vanilla step at ``batch``, for ratios (0 where no unit was measured).
         tried (list[Tried]): Every measured candidate, in order.
         alternatives (list[Candidate]): The next cheapest candidates predicted to fit, for the trade-off table.
-        costs (Costs | None): The unit costs the choice rests on (escalation reuses them).
+        costs (Costs | None): The unit costs the choice rests on (escalation reuses them); ``None`` where vanilla
+            was measured first and fit, so that no unit was measured.
         extrapolated (bool): The device is smaller than the target: steps were extrapolated from batches it holds.
         measured_seconds (float | None): The chosen plan's step time at ``batch``, timed once its step was measured
-            to fit (``None`` when extrapolated: the device does not hold that batch).
+            to fit (``None`` when extrapolated: the device does not hold that batch; and for vanilla, where nothing
+            was traded for memory).
     """
 
     candidate: Candidate
@@ -211,7 +213,9 @@ def choose_plan(model: nn.Module, shape: StepShape, target: int, costs: Costs | 
         model: The model as it will train, plain (frozen layers already frozen), on its device.
         shape: The training step: image size, batch, objects per image and the run's autocast dtype.
         target: Bytes the step (model state, batch, step peak) must fit.
-        costs: ``unit_costs`` of this model, when already measured.
+        costs: ``unit_costs`` of this model, when already measured. Without them the vanilla step is measured first,
+            and the units (a batch-1 step per unit and mode) only where it does not fit: vanilla is the fastest plan,
+            so where it fits nothing else need be known.
         measured: Steps already measured on this model at ``shape.imgsz`` (``(units, modes, batch)`` keys, vanilla's
             units ``()``; ``Over`` values did not fit the target they were measured for), filled in as it measures,
             so that choosing for several targets measures each plan once (again only for a target larger than the
@@ -225,12 +229,17 @@ def choose_plan(model: nn.Module, shape: StepShape, target: int, costs: Costs | 
         NothingFits: One line when not even the plan that keeps the least fits, with a bound on what it needs.
     """
     batch = shape.batch
-    costs = costs or unit_costs(model, shape, loss_modes)
     fixed = state_bytes(model) + batch_bytes(model, shape)
     probe = _Probe(model, shape, target, costs, {} if measured is None else measured)
-    plain = no_recompute(costs, batch, fixed)
-    if plain.predicted_bytes <= target * (1 + MARGIN) and (got := probe.fits(plain)) is not None:
-        return probe.choice(plain, got, [])
+    if costs is None:  # vanilla first: where its step fits, no unit need be measured (57 steps on yolo11n)
+        plain = Candidate((), (), 0, 0, loss="none" if loss_modes else None)
+        if (got := probe.fits(plain)) is not None:
+            return probe.choice(plain, got, [])
+        costs = probe.costs = unit_costs(model, shape, loss_modes)
+    else:
+        plain = no_recompute(costs, batch, fixed)
+        if plain.predicted_bytes <= target * (1 + MARGIN) and (got := probe.fits(plain)) is not None:
+            return probe.choice(plain, got, [])
     ranked = candidates(costs, batch, fixed)
     fitting = [c for c in ranked if c.predicted_bytes <= target * (1 + MARGIN)]
     best = _fastest_fitting(fitting, target, probe.fits, len(probe.tried))
@@ -261,7 +270,7 @@ class _Probe:
     model: nn.Module
     shape: StepShape
     target: int
-    costs: Costs
+    costs: Costs | None
     measured: dict
     tried: list[Tried] = field(default_factory=list)
     extrapolated: bool = False
@@ -280,11 +289,14 @@ class _Probe:
         return got if got is not None and got <= self.target else None
 
     def choice(self, c: Candidate, got: int, later: list[Candidate]) -> Choice:
-        """``c`` chosen, its step timed at the batch on a copy unless a step was extrapolated."""
-        seconds = None if self.extrapolated else time_candidate(self.model, c, self.shape)
+        """``c`` chosen, its step timed at the batch on a copy unless a step was extrapolated or it recomputes
+        nothing (nothing was traded for memory: no time is reported)."""
+        timed = c.recomputes and not self.extrapolated
+        seconds = time_candidate(self.model, c, self.shape) if timed else None
         batch = self.shape.batch
-        return Choice(c, c.plan(self.model), batch, got, self.target, batch * self.costs.plain.flops, self.tried,
-                      later, self.costs, self.extrapolated, seconds)
+        flops = 0 if self.costs is None else batch * self.costs.plain.flops
+        return Choice(c, c.plan(self.model), batch, got, self.target, flops, self.tried, later, self.costs,
+                      self.extrapolated, seconds)
 
 
 def _fastest_fitting(fitting: list[Candidate], target: int, measure: Callable[[Candidate], int | None],
