@@ -49,7 +49,10 @@ test_memory.py, which skip or check CPU behaviour), section 3 plans for ``memory
 memory to plan for) and reads exact tensor bytes for allocator peaks, and section 4 runs on
 ``yolo_ckpt.memory.device.SimulatedDevice`` at imgsz 192 batch 4 where the package has it (else SKIPPED), section 8 at
 imgsz 128 batch 4 with a share of 0.8x vanilla's step (there the model state is most of a step: at half, batch 1 of
-no plan fits) on ``yolo_ckpt.memory.device.UntoldDevice`` (a limit planning is not told about).
+no plan fits) on ``yolo_ckpt.memory.device.UntoldDevice`` (a limit planning is not told about). The quick memory
+table has vanilla, ``all``, ``all + head selective`` and auto at 70%. ``--quick --model X.yaml`` runs every section on
+that model instead of yolo11n: the suite passes a five-unit model, as it checks the script (yolo11n's 57 probes each
+time its units are measured took half of a quick run's 88 s on one core).
 """
 
 from __future__ import annotations
@@ -96,6 +99,12 @@ from memory_table import table  # noqa: E402
 
 GB = 2**30
 EXACTNESS = "bitwise"  # CUDA tests whose name says this make section 2; the other CUDA tests section 1
+MODEL = "yolo11n.yaml"  # every section's model; ``--quick --model`` may name a smaller one (main sets it)
+
+
+def model_name() -> str:
+    """The model's name in the report: ``yolo11n`` for ``yolo11n.yaml``, a file's stem for a path."""
+    return Path(MODEL).stem
 
 
 @dataclass
@@ -242,7 +251,7 @@ class Run:
 
 def train(meter: Meter, ours: bool, name: str, project: Path, **kw: Any) -> Run:
     """Train once (yolo-ckpt's trainer, or vanilla Ultralytics), measured by ``meter``; the run's settings in ``kw``."""
-    model = YOLO("yolo11n.yaml") if ours else ultralytics.YOLO("yolo11n.yaml")
+    model = YOLO(MODEL) if ours else ultralytics.YOLO(MODEL)
     peaks = PhasePeaks(meter)
     peaks.add_to(model)
     args = dict(data=str(synthetic_dataset("detect")), epochs=1, workers=0, plots=False, val=False, name=name,
@@ -270,7 +279,7 @@ def step_against_allocator(device: str, plan: tuple, imgsz: int, batch: int, amp
     if device != "cuda":
         return "n/a (no allocator on CPU)"
     dev = torch.device("cuda", 0)
-    built = build_model("yolo11n.yaml").to(dev).to(memory_format=torch.channels_last)
+    built = build_model(MODEL).to(dev).to(memory_format=torch.channels_last)
     model = with_plan(built, PlanSettings.of(*plan))
     del built
     data = training_batch(model, StepShape(imgsz, batch))
@@ -314,7 +323,7 @@ def planning(quick: bool, device: str) -> Section:
     unit = "allocated / reserved (CUDA allocator)" if cuda else "exact tensor bytes (CPU)"
     planned = "the GPU's free memory" if cuda else "memory_budget=256MB"
     body = "\n".join([
-        f"yolo11n, imgsz {imgsz}, 1 epoch, planned for {planned}; GB = 2^30 bytes, peaks {unit}. target: "
+        f"{model_name()}, imgsz {imgsz}, 1 epoch, planned for {planned}; GB = 2^30 bytes, peaks {unit}. target: "
         "`trainer.run_memory.target` (n/a: the trainer reports none for this path).", "",
         "| run | batch | plan (stages, mode, layers) | target GB | planning peak GB | first epoch peak GB | "
         "results.csv alloc / reserved / tensor GB |", "|---|---|---|---|---|---|---|", *rows, "",
@@ -384,9 +393,9 @@ def escalation(quick: bool, device: str, share: float) -> Section:
                             checkpoint_stages=[2, 3], **size)
             except Exception as e:  # the check's verdict, not a crash of the check
                 error = f"{type(e).__name__}: {str(e)[:500]}"
-        head = (f"yolo11n, imgsz {imgsz}, batch {batch}: vanilla's first epoch peaked at {gb(peak)} GB; the device "
-                f"was limited to {share:g}x that, {gb(limit)} GB, and `checkpoint_stages=[2,3]` started at batch "
-                f"{batch}.")
+        head = (f"{model_name()}, imgsz {imgsz}, batch {batch}: vanilla's first epoch peaked at {gb(peak)} GB; the "
+                f"device was limited to {share:g}x that, {gb(limit)} GB, and `checkpoint_stages=[2,3]` started at "
+                f"batch {batch}.")
         if device == "cuda":
             head += (" (`set_per_process_memory_fraction` limits the caching allocator only: `mem_get_info`, and with "
                      "it any free-memory figure a planner reads, still reports the whole GPU.)")
@@ -412,7 +421,7 @@ def whole_run(quick: bool, device: str) -> Section:
     size = {"fraction": batch} if quick else {}  # made the final validation run out (the meter enters the device)
     objects = 4 * max(len(f.read_text().splitlines())  # mosaic, as the trainer counts the dataset's labels
                       for f in (synthetic_dataset("detect").parent / "labels" / "train").glob("*.txt"))
-    vanilla = step_bytes(build_model("yolo11n.yaml").to(0 if device == "cuda" else "cpu"),
+    vanilla = step_bytes(build_model(MODEL).to(0 if device == "cuda" else "cpu"),
                          StepShape(imgsz, batch, objects))
     release(device)
     budget = int(vanilla * (0.8 if quick else 1 / 3) / 0.6)  # quick: at 128 px the model state is most of a step
@@ -433,7 +442,7 @@ def whole_run(quick: bool, device: str) -> Section:
             except Exception as e:  # the check's verdict, not a crash of the check
                 error = f"{type(e).__name__}: {str(e)[:500]}"
         peak = whole.reserved if device == "cuda" else untold.peak
-    head = (f"yolo11n, imgsz {imgsz}, batch {batch}: vanilla's step {gb(vanilla)} GB (exact tensor bytes); "
+    head = (f"{model_name()}, imgsz {imgsz}, batch {batch}: vanilla's step {gb(vanilla)} GB (exact tensor bytes); "
             f"memory_budget={budget}B, share {gb(share)} GB; device limited to {gb(limit)} GB "
             f"({'set_per_process_memory_fraction' if device == 'cuda' else 'UntoldDevice'}).")
     if run is None:
@@ -447,15 +456,18 @@ def whole_run(quick: bool, device: str) -> Section:
 
 # --------------------------------------------------------------------------------------- 5-7: measurement only
 def memory_table(quick: bool, device: str) -> str:
-    models, sizes = (["yolo11n.yaml"], [128]) if quick else (["yolo11n.yaml", "yolo11s.yaml"], [640, 1280])
+    models, sizes = ([MODEL], [128]) if quick else (["yolo11n.yaml", "yolo11s.yaml"], [640, 1280])
     amps = ["off", "fp16"] if device == "cuda" else ["off"]
+    # quick: one plan of stages, one of layers and one selective beside vanilla and auto, each kind of row the
+    # table makes (the others differ only in their settings), and none that names yolo11n's own layers
     return "\n".join(table(models, sizes, 4, amps, device, repeats=1 if quick else 3,
-                           shares=[0.7] if quick else [0.5, 0.6, 0.7, 0.8, 0.9]))
+                           shares=[0.7] if quick else [0.5, 0.6, 0.7, 0.8, 0.9],
+                           fixed_plans=("all", "all + head selective") if quick else True))
 
 
 def autobatch(quick: bool, device: str) -> str:
     imgsz = 128 if quick else 1280
-    model = build_model("yolo11n.yaml").to(device)
+    model = build_model(MODEL).to(device)
     plans = {"all": with_plan(model, PlanSettings.of("all")), "none": with_plan(model, PlanSettings.of([]))}
     lines = ["| stages | method | batch | note |", "|---|---|---|---|"]
     if device == "cuda":
@@ -474,14 +486,14 @@ def autobatch(quick: bool, device: str) -> str:
         p = plan_batch(deepcopy(m), StepShape(imgsz, objects=200, amp=amp), budget, fraction=0.6)
         lines.append(f"| {name} | memory_budget={budget / 2**30:g}GB, 60% | {p.batch} | measured "
                      f"{p.measured_bytes / 2**30:.2f} of {p.target_bytes / 2**30:.2f} GB (exact tensors) |")
-    return f"imgsz {imgsz}, yolo11n\n\n" + "\n".join(lines)
+    return f"imgsz {imgsz}, {model_name()}\n\n" + "\n".join(lines)
 
 
 def compiled_step(quick: bool, device: str, backend: str) -> str:
     from torch._dynamo.utils import counters
 
     imgsz, repeats = (64, 2) if quick else (640, 5)
-    model = build_model("yolo11n.yaml").to(device)
+    model = build_model(MODEL).to(device)
     batch = training_batch(model, StepShape(imgsz, 4))
     ckpt = with_plan(model, PlanSettings.of([2, 3]))
     rows = ["| step | graphs | graph breaks | CUDA peak MiB | median step s |", "|---|---|---|---|---|"]
@@ -512,7 +524,7 @@ def compiled_step(quick: bool, device: str, backend: str) -> str:
     torch._dynamo.reset()  # no graph of an earlier compile in this process reused, none counted
     counters.clear()
     run(ckpt, torch.compile(ckpt, backend=backend), f"compiled [2,3] ({backend})", counted=True)
-    return f"yolo11n, imgsz {imgsz}, batch 4\n\n" + "\n".join(rows)
+    return f"{model_name()}, imgsz {imgsz}, batch 4\n\n" + "\n".join(rows)
 
 
 # -------------------------------------------------------------------------------------------------------- main
@@ -528,6 +540,7 @@ def run_section(section: Callable[[], Section | str], device: str) -> Section:
 
 
 def main() -> None:
+    global MODEL
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path, help="directory for gpu_check.md")
     p.add_argument("--quick", action="store_true",
@@ -535,7 +548,13 @@ def main() -> None:
                         "not the GPU")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--escalation-share", type=float, default=0.6, help="device memory as a share of vanilla's peak")
+    p.add_argument("--model", default=MODEL,
+                   help="with --quick: every section's model (a model YAML; the suite passes a small one, as each "
+                        "section's checks are the script's, not the model's)")
     a = p.parse_args()
+    if a.model != MODEL and not a.quick:
+        p.error("--model is for --quick: the GPU check itself is yolo11n's")
+    MODEL = a.model
     if a.quick:
         costs.TIMED_STEPS = 0
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -65,8 +65,9 @@ def _key(model, settings: PlanSettings) -> tuple:
 
 
 def table(models: list[str], sizes: list[int], batch: int, amps: list[str], device: str, repeats: int = 3,
-          shares: list[float] = SHARES, fixed_plans: bool = True):
-    """Yield the markdown lines of the table (header first), measuring as it goes."""
+          shares: list[float] = SHARES, fixed_plans: bool | tuple[str, ...] = True):
+    """Yield the markdown lines of the table (header first), measuring as it goes. ``fixed_plans``: every plan of
+    ``PLANS`` (True), vanilla alone (False), or vanilla and the ``PLANS`` named."""
     cuda = device.startswith("cuda")
     head = "| model | imgsz | batch | AMP | stages | peak MiB | peak ratio | FLOP ratio | step time ratio |"
     yield head + (" CUDA peak MiB | CUDA peak ratio |" if cuda else "")
@@ -76,7 +77,8 @@ def table(models: list[str], sizes: list[int], batch: int, amps: list[str], devi
         for imgsz in sizes:
             for amp in amps:
                 auto = auto_plans(model, imgsz, batch, AMP[amp], shares) if shares else {}  # --shares: none
-                fixed = PLANS if fixed_plans else {"none": PLANS["none"]}  # vanilla: the ratios' base
+                names = PLANS if fixed_plans is True else ("none", *(fixed_plans or ()))  # vanilla: the base
+                fixed = {k: PLANS[k] for k in names}
                 plans = {**fixed, **{k: v for k, v in auto.items() if v is not None}}
                 for k in (k for k, v in auto.items() if v is None):
                     yield f"| {name} | {imgsz} | {batch} | {amp} | {k} | | | | |"
