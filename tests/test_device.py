@@ -235,6 +235,33 @@ def test_escalation_leaves_room_for_the_loops_other_batches():
     assert measured is not None and settings != first
 
 
+def test_escalation_where_no_plan_fits_measures_only_those_predicted_to_keep_the_least(monkeypatch):
+    """Out of memory on a device that holds half of the least-keeping plan's step (a fresh tracker's): escalation
+    measures the plans predicted to keep the least (at most ``LEAST_MEASURED``), none faster, each over the device
+    when stepped by a fresh tracker, and goes to the plan that keeps the least, unmeasured."""
+    from yolo_ckpt.planning import escalation
+    from yolo_ckpt.planning.choice import LEAST_MEASURED
+    from yolo_ckpt.planning.search import escalations, least_keeping
+
+    model, imgsz, batch = small_model(), IMGSZ, 2
+    costs = unit_costs(model, StepShape(imgsz), timed=False)
+    least = least_keeping(costs, batch)
+
+    def step(settings: PlanSettings) -> int:
+        with planned_copy(model, settings.with_loss(None)) as m:
+            return measured_step(m, imgsz, batch)
+
+    seen, real = [], escalation.measure_candidate
+    monkeypatch.setattr(escalation, "measure_candidate", lambda m, c, *a: seen.append(c) or real(m, c, *a))
+    device = weight_bytes(model) + step(least.settings) // 2
+    with SimulatedDevice(device) as gpu:
+        gpu.track([*model.parameters(), *model.buffers()])
+        settings, measured = escalation.next_plan(model, PlanSettings.of([2]), StepShape(imgsz, batch), costs=costs)
+    assert settings == least.settings and measured is None
+    assert 0 < len(seen) <= LEAST_MEASURED < len(escalations(costs, None, batch, 0))
+    assert all(step(c.settings) > device for c in seen)
+
+
 # ------------------------------------------------------------------------ training on a simulated device
 RUN = {**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False}
 KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")

@@ -25,11 +25,11 @@ from torch import nn
 
 from ..memory.step import StepShape, batch_bytes, planned_copy, state_bytes
 from ..regions.settings import PlanSettings
-from .choice import MAX_MEASURED, measure_candidate, measure_copy
+from .choice import MAX_MEASURED, least_candidates, measure_candidate, measure_copy
 from .costs import Costs, unit_costs
 from .random_state import RandomState
 from .search import escalations, least_keeping
-from .units import HEAD, NECK
+from .units import HEAD, NECK, Candidate
 
 
 @dataclass
@@ -87,8 +87,12 @@ def next_plan(model: nn.Module, settings: PlanSettings, shape: StepShape,
               costs: Costs | None = None) -> tuple[PlanSettings, int | None]:
     """Where a run that ran out of memory at ``shape.batch`` with ``settings`` goes: the cheapest plan predicted to
     keep less whose step of ``shape`` fits what the device has free now less the training loop's other batches
-    (measured on copies; ``choice.measure_candidate``), or, when none is measured to fit, the planner's least-keeping
-    candidate (``search.least_keeping``, unmeasured: the next out-of-memory error then halves the batch).
+    (measured on copies; ``choice.measure_candidate``).
+
+    The plans predicted to keep the least (``choice.least_candidates``) are measured first, until one fits: where
+    none does, no other is measured, and the planner's least-keeping candidate is the answer (``search.least_keeping``,
+    unmeasured: the next out-of-memory error then halves the batch). Otherwise the fastest of at most
+    ``MAX_MEASURED`` measured to fit, or that one of the least-keeping.
 
     Args:
         model: The training model (plan installed or not); copies are measured, it never runs.
@@ -116,11 +120,24 @@ def next_plan(model: nn.Module, settings: PlanSettings, shape: StepShape,
             got, _ = measure_copy(m, shape, None)
         current = got  # None: over what the device holds, so any plan measured to fit keeps less
         measured = True
-    for c in escalations(costs, current, batch, fixed)[:MAX_MEASURED]:
-        got, _ = measure_candidate(model, c, shape, None)
-        # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
-        # auto wrote it as a per-unit plan, would be chosen again)
-        if got is not None and (not measured or current is None or got < current):
+    later = escalations(costs, current, batch, fixed)
+    steps = {}
+
+    def fits(c: Candidate) -> int | None:  # each plan measured once; its bytes where it fits
+        if c.key not in steps:
+            got, _ = measure_candidate(model, c, shape, None)
+            # against a measured step, measured: a plan predicted to keep less may not (the failed plan itself, when
+            # auto wrote it as a per-unit plan, would be chosen again)
+            steps[c.key] = got if got is not None and (not measured or current is None or got < current) else None
+        return steps[c.key]
+
+    # those predicted to keep the least first, until one fits: where none does, no plan that keeps more is measured
+    least = least_candidates(sorted(later, key=lambda c: (c.predicted_bytes, -c.flops)))
+    fallback = next(((c, got) for c in least if (got := fits(c)) is not None), None)
+    if fallback is None:
+        return least_keeping(costs, batch, fixed).settings, None
+    for c in later[:MAX_MEASURED]:
+        if (got := fits(c)) is not None:
             return c.settings, got
-    return least_keeping(costs, batch, fixed).settings, None
+    return fallback[0].settings, fallback[1]
 
