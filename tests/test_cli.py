@@ -222,13 +222,13 @@ def test_bad_loss_plan_python_before_dataset_and_run_dir(tmp_path):
     (["compile_regions=apart", "checkpoint_stages=all"], "Valid: with compile=True"),
     (["compile_regions=inside", "compile=True"], "Valid: 'graph' or 'apart'"),
     (["compile_regions=apart", "compile=True"], "Valid: with checkpoint_stages or checkpoint_layers"),
-    (["compile_regions=apart", "compile=True", "checkpoint_stages=auto", "memory_budget=1GB"],
-     "Valid: a plan of your own"),
+    (["compile_regions=apart", "compile=True", "checkpoint_stages=auto", "memory_budget=1GB", "batch=-1"],
+     "Valid: a fixed batch"),
 ])
 def test_bad_compile_budget_cli_one_line_before_any_work(args, valid, tmp_path, capsys, monkeypatch):
     """``compile_memory_budget`` outside torch's (0, 1], ``compile_regions`` not a place, either without
-    ``compile=True`` (where it would change nothing), or regions apart with no plan: one line naming what is valid,
-    exit 2, no run directory and no dataset."""
+    ``compile=True`` (where it would change nothing), regions apart with no plan or with ``auto`` choosing the batch
+    (from eager steps): one line naming what is valid, exit 2, no run directory and no dataset."""
     rc, errors = in_process(["train", *args, f"project={tmp_path / 'runs'}"], capsys, monkeypatch, tmp_path)
     assert rc == 2 and len(errors) == 1, errors
     assert errors[0].startswith(f"yolo-ckpt: error: {args[0].split('=')[0]}=") and valid in errors[0], errors

@@ -279,6 +279,30 @@ def test_auto_under_compile_stops_after_the_least_keeping_candidates_when_none_f
         {(stem, b) for b in (None, *compiled.BUDGETS)} | {(VANILLA, min(compiled.BUDGETS))} and len(default) == 12
 
 
+def test_auto_under_compile_measures_its_apart_candidate_as_the_run_trains_it(monkeypatch):
+    """With ``compile_regions=apart`` given, ``auto`` under compile also weighs ``least-stem`` with its regions compiled
+    apart, among those measured first (no budget: it is torch's for the model's graph, which the regions leave);
+    never by default. It is measured as the run trains it, inside ``regions_compiled_apart`` with the same backend:
+    each of the plan's regions' compiled insides is called, in the forward and again in the recompute of every step
+    measured (three: compile, profile, time; counted around ``recompute._compiled_region``). ``aot_eager``."""
+    from ultralytics.cfg import get_cfg
+
+    from yolo_ckpt.planning import compiled
+    from yolo_ckpt.planning.search import deepest, nested_in_first_region
+
+    torch.manual_seed(0)
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    stem = nested_in_first_region(deepest(model))
+    default, allowed = compiled.compiled_candidates(model), compiled.compiled_candidates(model, apart=True)
+    assert {c.regions for c in default} == {"graph"} and allowed[:-1] == default
+    assert [(c.settings, c.budget, c.regions, c.least) for c in allowed[-1:]] == [(stem, None, "apart", True)]
+    assert str(allowed[-1]).endswith(" + compile_regions=apart")  # the log's table says which one is apart
+    calls = region_calls(monkeypatch)
+    compiled.compiled_step(model, StepShape(64, 2), allowed[-1], "aot_eager")
+    assert len(calls) == len(stem.resolve(model).regions) and min(calls.values()) >= 2 * 3, calls
+
+
 def test_auto_under_compile_trains_with_the_budget_it_chose(detect_data, tmp_path, monkeypatch):
     """A ``compile=True`` run with ``checkpoint_stages=auto`` trains what auto chose: compiled vanilla over the share, a
     plan with compile's budget 0.3 within it (the two candidates weighed here, so that the choice is certain).
@@ -321,7 +345,7 @@ def test_auto_under_compile_trains_with_the_budget_it_chose(detect_data, tmp_pat
     plan = PlanSettings.of("all", layers="head")
     vanilla, chosen = CompiledCandidate(VANILLA), CompiledCandidate(plan, 0.3, least=True)
     monkeypatch.setattr(compiled, "BACKEND", "aot_eager_decomp_partition")
-    monkeypatch.setattr(auto, "compiled_candidates", lambda model: [vanilla, chosen])
+    monkeypatch.setattr(auto, "compiled_candidates", lambda model, apart: [vanilla, chosen])
     measured, aimed = [], []
     measure, choose = compiled.compiled_step, auto.choose_under_compile
 
@@ -503,34 +527,60 @@ def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(mo
 
 
 def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path, monkeypatch):
-    """``compile_regions=apart`` through a ``compile=True`` run (``yolo_ckpt.YOLO``): in every training step each of
-    the plan's regions calls its own compiled inside twice, in the forward and in the recompute (counted around
-    ``recompute._compiled_region``, the test above's count); args.yaml records the key; inductor's layout option is
-    torch's again after the run. ``aot_eager`` compiles the model (Ultralytics' ``attempt_compile``) and the regions,
-    where real runs use inductor for both, so that it takes seconds."""
-    import functools
+    """``compile_regions=apart`` through a ``compile=True`` run (``yolo_ckpt.YOLO``) whose ``auto`` chose a plan with
+    its regions apart (the choice stood in for: measuring candidates apart is the test above's): in every training
+    step each of the plan's regions calls its own compiled inside twice, in the forward and in the recompute (counted
+    around ``recompute._compiled_region``, the test above's count), so the run switched regions apart on after
+    ``auto`` chose; args.yaml records the plan and the key, and the keys the log says to pass again include it;
+    inductor's layout option is torch's again after the run. ``aot_eager`` compiles the model (Ultralytics'
+    ``attempt_compile``) and the regions (``compiled.BACKEND``, the backend auto measures with), where real runs use
+    inductor for both, so that it takes seconds."""
+    import logging
+    import shlex
 
     import ultralytics.engine.trainer as engine
+    from ultralytics.utils import LOGGER
 
     from yolo_ckpt import YOLO
-    from yolo_ckpt.integration import trainer as ours
-    from yolo_ckpt.regions import recompute
+    from yolo_ckpt.integration import auto
+    from yolo_ckpt.integration.cli import parse_train_args
+    from yolo_ckpt.planning import compiled
+    from yolo_ckpt.regions.settings import PlanSettings
 
     monkeypatch.setattr(engine, "attempt_compile", lambda model, **kw: torch.compile(model, backend="aot_eager"))
-    monkeypatch.setattr(ours, "regions_compiled_apart", functools.partial(recompute.regions_compiled_apart,
-                                                                          "aot_eager"))
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+    plan = PlanSettings.of("all", layers="head")
+    apart = compiled.CompiledCandidate(plan, regions="apart")
+    step = compiled.CompiledStep(apart, 2**20, 0.1)
+    chosen = compiled.CompiledChoice(step, [step], 2**30)
+    weighed = []
+    monkeypatch.setattr(auto, "choose_compiled", lambda model, shape, share, candidates: weighed.append(candidates)
+                        or chosen)
     calls = region_calls(monkeypatch)
     path = tmp_path / "yolo11-mini.yaml"
     path.write_text(yaml.safe_dump(MINI, sort_keys=False))
-    layout, steps, plans = torch._inductor.config.layout_optimization, [], []
+    layout, steps, plans, lines = torch._inductor.config.layout_optimization, [], [], []
     model = YOLO(str(path))
     model.add_callback("on_train_batch_end", lambda t: steps.append(torch._inductor.config.layout_optimization))
     model.add_callback("on_train_batch_start", lambda t: plans.append(checkpoint_plan(unwrap_model(t.model))))
-    model.train(data=detect_data, project=str(tmp_path), compile=True, checkpoint_stages="all",
-                checkpoint_layers="head", compile_regions="apart",
-                **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64, "fraction": 0.5, "val": False})
+    handler = logging.Handler()
+    handler.emit = lambda r: lines.append(r.getMessage())
+    LOGGER.addHandler(handler)
+    try:
+        model.train(data=detect_data, project=str(tmp_path), compile=True, checkpoint_stages="auto",
+                    memory_budget="1GB", compile_regions="apart",
+                    **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64, "fraction": 0.5, "val": False})
+    finally:
+        LOGGER.removeHandler(handler)
+    least_apart = compiled.compiled_candidates(model.model, apart=True)[-1]
+    assert [c for c in weighed[0] if c.regions == "apart"] == [least_apart]  # auto weighed it: compile_regions=apart
     regions = plans[0].regions
+    assert regions == plan.resolve(model.model).regions
     assert steps == [False] * 2 and len(regions) > 1  # two steps (8 images, batch 4), compiled channels first
     assert len(calls) == len(regions) and set(calls.values()) == {2 * len(steps)}, (calls, regions)
-    assert yaml.safe_load((Path(model.trainer.save_dir) / "args.yaml").read_text())["compile_regions"] == "apart"
+    saved = yaml.safe_load((Path(model.trainer.save_dir) / "args.yaml").read_text())
+    assert {k: saved[k] for k in (*plan.keys(), "compile_regions")} == {**plan.keys(), "compile_regions": "apart"}
+    said = next(x for x in lines if "to train this plan again without planning, pass " in x)
+    keys = said.split("without planning, pass ", 1)[1].removesuffix(" (args.yaml holds them too)")
+    assert parse_train_args(["train", *shlex.split(keys)])["compile_regions"] == "apart", keys
     assert torch._inductor.config.layout_optimization == layout

@@ -68,7 +68,8 @@ class AutoChoice:
         step (int): The chosen step's measured bytes, ``held`` included.
         compile_budget (float | None): ``compile_memory_budget`` chosen under compile; ``None``: torch's default.
         compiled (bool): Chosen by compiled measurements: the run trains with ``compile_budget``, ``None`` included
-            (a ``compile_memory_budget`` given with ``auto`` would train what was not measured).
+            (a ``compile_memory_budget`` given with ``auto`` would train what was not measured), and ``regions``.
+        regions (str): ``compile_regions`` chosen under compile: ``graph`` or ``apart``.
     """
 
     settings: PlanSettings
@@ -79,6 +80,7 @@ class AutoChoice:
     step: int
     compile_budget: float | None = None
     compiled: bool = False
+    regions: str = "graph"
 
 
 def auto_report(choice: Any, how: str = "measured", capped: str = "") -> list[str]:
@@ -128,7 +130,7 @@ def batch_for_budget(model: nn.Module, shape: StepShape, target: MemoryTarget, d
 
 
 def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatch: bool, images: int, buckets: int,
-           loss_modes: Sequence[str], device: torch.device, compiled: bool = False) -> AutoChoice:
+           loss_modes: Sequence[str], device: torch.device, compiled: bool = False, apart: bool = False) -> AutoChoice:
     """``auto``'s plan for ``shape`` (its batch per process; with ``autobatch`` the batch is chosen too, at most
     ``images`` when known) within ``target``'s share.
 
@@ -136,7 +138,8 @@ def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatc
     ``gradient_as_bucket_view=False``, which keeps a flat copy of every gradient beside the gradients;
     tests/test_ddp.py: without them the two-rank epoch on a simulated device passes auto's share), 0 in one process.
     ``loss_modes``: the loss plans it may choose beside the layer plan. ``compiled``: the run trains under
-    ``compile=True``: for a fixed batch the candidates are measured compiled (``choose_compiled``).
+    ``compile=True``: for a fixed batch the candidates are measured compiled (``choose_compiled``), with ``apart``
+    (``compile_regions=apart`` given) the least-keeping plan compiled apart among them.
     """
     cap = min(MAX_BATCH, images) if autobatch and images else MAX_BATCH
     # The loop's other batches (step.loop_bytes): without them a plan measured right at a 0.4x share trains 1.2 MB
@@ -148,7 +151,7 @@ def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatc
     less = f" less DDP's gradient buckets ({buckets / 2**20:.1f} MiB)" if buckets else ""
     less += f" less the training loop's other batches ({loop / 2**20:.1f} MiB{' per image' if autobatch else ''})"
     if compiled and not autobatch:
-        return choose_under_compile(model, shape, target, target.share - buckets - loop, buckets, less)
+        return choose_under_compile(model, shape, target, target.share - buckets - loop, buckets, less, apart)
     LOGGER.info(f"{PREFIX} auto: choosing the plan with the least predicted step time that fits {target.fraction:.0%}"
                 f" of {target.source}{less} at imgsz={shape.imgsz}, {what}...")
     start = time.perf_counter()
@@ -178,12 +181,13 @@ def choose(model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatc
 
 
 def choose_under_compile(model: nn.Module, shape: StepShape, target: MemoryTarget, share: int, buckets: int,
-                         less: str) -> AutoChoice:
+                         less: str, apart: bool = False) -> AutoChoice:
     """``auto`` for a fixed batch under ``compile=True``: of compiled vanilla, our plans and compile's own
     ``activation_memory_budget`` (alone and with the plans), each measured compiled (``planning.compiled``), the
     fastest whose step fits ``share``; those expected to keep the least are measured first, and where none of them
-    fits it stops with one line, the others unmeasured."""
-    candidates = compiled_candidates(model)
+    fits it stops with one line, the others unmeasured. ``apart``: the least-keeping plan with its regions compiled
+    apart is one of those, measured inside ``regions_compiled_apart`` as the run trains it."""
+    candidates = compiled_candidates(model, apart=apart)
     first = [c for c in candidates if c.least]
     order = (f"measuring compiled first the {len(first)} expected to keep the least ({'; '.join(map(str, first))}), "
              f"the other {len(candidates) - len(first)} only if one of them fits" if first
@@ -196,10 +200,13 @@ def choose_under_compile(model: nn.Module, shape: StepShape, target: MemoryTarge
         choice = choose_compiled(model, shape, share, candidates)
     except NothingFits as e:
         need = math.ceil((e.needed + (target.share - share)) / target.fraction / 2**20)
-        raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz") from None
+        hint = "" if apart else ", or compile_regions=apart (auto then also weighs its plan with regions apart)"
+        raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz{hint}") \
+            from None
     c, step = choice.chosen.candidate, choice.chosen
     which = ("a plan and a budget" if c.settings != VANILLA and c.budget is not None else "a plan"
              if c.settings != VANILLA else "a budget" if c.budget is not None else "neither")
+    which += ", its regions compiled apart" if c.regions == "apart" else ""
     lines = [f"{PREFIX}   {line}" for line in choice.table()]
     lines.append(f"{PREFIX} auto under compile=True chose {c} ({which}): measured compiled {step.bytes / 2**30:.3f} GB "
                  f"of {share / 2**30:.3f} GB, {step.seconds:.3f} s a step; planned in "
@@ -207,7 +214,7 @@ def choose_under_compile(model: nn.Module, shape: StepShape, target: MemoryTarge
                  f"measured compiled)")
     held = buckets + batch_bytes(model, shape) + loop_bytes(model, shape)
     return AutoChoice(c.settings, shape.batch, lines, None, held, step.bytes + held - batch_bytes(model, shape),
-                      c.budget, compiled=True)
+                      c.budget, compiled=True, regions=c.regions)
 
 
 def _choice_lines(choice: Any, capped: str, seconds: float) -> list[str]:

@@ -96,7 +96,8 @@ KEY_HELP = {  # key: (valid values, example); defaults come from cfg/default.yam
                               "compile_memory_budget=0.3"),
     "compile_regions": ("with compile=True and a plan, 'graph' (the plan's regions recompute inside the model's one "
                         "compiled graph) or 'apart' (each full region compiled on its own and recomputed region by "
-                        "region, as eagerly: less memory, graph breaks cost time)", "compile_regions=apart"),
+                        "region, as eagerly: less memory, graph breaks cost time; with checkpoint_stages=auto, auto "
+                        "may choose either)", "compile_regions=apart"),
     "checkpoint_loss": (LOSS_HELP, "checkpoint_loss=chunked"),
     "checkpoint_compare": ("True or False; a bare checkpoint_compare means True", "checkpoint_compare=True"),
     "memory_budget": ("a device memory size (24GB, 512MB, 80GiB, or 24 meaning GB) that AutoBatch (batch=-1 or "

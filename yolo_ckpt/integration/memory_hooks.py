@@ -28,14 +28,16 @@ from ultralytics.utils import LOCAL_RANK, LOGGER, RANK
 
 from ..memory.device import device_memory, is_oom, release
 from ..memory.step import grad_bytes, planned_copy
+from ..planning import compiled
 from ..planning.autobatch import parse_memory
 from ..planning.escalation import Snapshot
 from ..planning.random_state import Generators, random_state_kept
 from ..regions.install import checkpoint_mode, checkpoint_plan, network
 from ..regions.loss.install import auto_loss_modes, enable_loss_checkpointing, loss_checkpointing
 from ..regions.plan import CheckpointPlan
+from ..regions.recompute import compile_regions_apart
 from ..regions.settings import VANILLA, PlanSettings
-from ..regions.spec import CheckpointConfigError
+from ..regions.spec import CheckpointConfigError, word
 from ..report.summary import PREFIX
 from .auto import AUTOBATCH
 from .distributed import from_rank0
@@ -200,9 +202,10 @@ def auto_plan(trainer: Any, objects: int, autobatch: bool = False, dataset_size:
     for line in decision["lines"]:
         LOGGER.info(line)
     budget = decision["settings"].get("compile_memory_budget")
+    apart = " compile_regions=apart" if decision["settings"].get("compile_regions") == "apart" else ""
     LOGGER.info(f"{PREFIX} auto: to train this plan again without planning, pass "
                 f"{PlanSettings.from_keys(decision['settings'])}"
-                f"{'' if budget is None else f' compile_memory_budget={budget:g}'} (args.yaml holds them too)")
+                f"{'' if budget is None else f' compile_memory_budget={budget:g}'}{apart} (args.yaml holds them too)")
     return decision["batch"]
 
 
@@ -216,23 +219,32 @@ def decide(trainer: Any, model: nn.Module, objects: int, autobatch: bool, datase
                                 images=dataset_size, buckets=grad_bytes(model) if trainer.world_size > 1 else 0,
                                 loss_modes=auto_loss_modes(trainer.args.checkpoint_loss, trainer.args.task),
                                 device=trainer.device, validation=validation_of(trainer),
-                                compiled=bool(trainer.args.compile))
+                                compiled=bool(trainer.args.compile), apart=regions_apart(trainer))
     settings = choice.settings.keys()
-    if choice.compiled:  # the budget measured, torch's default (None) included
+    if choice.compiled:  # the budget measured, torch's default (None) included, and where its regions compiled
         settings["compile_memory_budget"] = choice.compile_budget
+        settings["compile_regions"] = choice.regions
     return {"settings": settings, "batch": choice.batch, "lines": choice.lines, "val_batch": memory.val_batch}
+
+
+def regions_apart(trainer: Any) -> bool:
+    """Whether the run's ``compile_regions`` (given, or chosen by ``auto``) is ``apart``."""
+    return bool(trainer.args.compile) and word(getattr(trainer.args, "compile_regions", None) or "graph") == "apart"
 
 
 def apply_compile_budget(trainer: Any) -> None:
     """``on_pretrain_routine_end``, after ``auto``: ``compile_memory_budget`` (given, or chosen by ``auto``) into
     ``torch._functorch.config.activation_memory_budget``, which the partitioner reads when the model compiles at the
-    first step; the trainer's ``train`` puts torch's value back however training ends.
+    first step, and ``compile_regions=apart`` (given, or chosen) switched on in the ``regions_compiled_apart`` the
+    trainer's ``train`` holds, with the backend ``auto`` measures with (``planning.compiled.BACKEND``, Ultralytics');
+    ``train`` puts torch's values back however training ends.
 
     Under compile, dynamo's cache is emptied first: a graph an earlier run in this process compiled for the same
     model class is otherwise reused (guards do not see the budget), partitioned under that run's budget."""
     budget = getattr(trainer.args, "compile_memory_budget", None)
     if trainer.args.compile:
         torch._dynamo.reset()
+        compile_regions_apart(compiled.BACKEND if regions_apart(trainer) else None)
     if budget is not None and trainer.args.compile:
         torch._functorch.config.activation_memory_budget = float(budget)
         LOGGER.info(f"{PREFIX} compile_memory_budget={budget}: torch.compile's activation_memory_budget")

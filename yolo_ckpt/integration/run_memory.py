@@ -130,12 +130,12 @@ class RunMemory:
 
     def choose_plan(self, model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatch: bool, images: int,
                     buckets: int, loss_modes: Sequence[str], device: torch.device,
-                    validation: Validation, compiled: bool = False) -> auto.AutoChoice:
+                    validation: Validation, compiled: bool = False, apart: bool = False) -> auto.AutoChoice:
         """``auto``'s plan (``auto.choose``), the validator's batch for it (its line among the choice's lines), and
         escalation's costs from the units it measured (where vanilla fit, none: escalation measures them itself if
         training runs out of memory)."""
         choice = auto.choose(model, shape, target, autobatch=autobatch, images=images, buckets=buckets,
-                             loss_modes=loss_modes, device=device, compiled=compiled)
+                             loss_modes=loss_modes, device=device, compiled=compiled, apart=apart)
         if choice.costs is not None:
             self.escalation.measured(choice.costs, choice.batch)
         elif not choice.compiled:  # vanilla fit, no unit measured: escalation measures them if it is needed

@@ -69,9 +69,12 @@ def check_settings(model: Any, args: dict) -> None:
     if regions == "apart" and not args.get("compile"):  # it would change nothing: never silently ignored
         raise CheckpointConfigError("compile_regions=apart compiles a plan's regions apart and this run does not "
                                     "compile. Valid: with compile=True, or compile_regions=graph.")
-    if regions == "apart" and is_auto(args.get("checkpoint_stages")) and args.get("compile"):  # not what it measures
-        raise CheckpointConfigError("compile_regions=apart with checkpoint_stages=auto: auto under compile measures "
-                                    "its candidates in one graph. Valid: a plan of your own, or compile_regions=graph.")
+    batch = args.get("batch")
+    if regions == "apart" and is_auto(args.get("checkpoint_stages")) and isinstance(batch, (int, float)) and \
+            not isinstance(batch, bool) and batch < 1:  # a fixed batch's auto measures apart; AutoBatch plans eagerly
+        raise CheckpointConfigError(f"compile_regions=apart with checkpoint_stages=auto and batch={batch}: auto "
+                                    f"chooses the batch from eager steps, in one graph. Valid: a fixed batch, or "
+                                    f"compile_regions=graph.")
     if regions == "apart" and plain(args.get("checkpoint_stages")) in (None, [], "") and \
             not args.get("checkpoint_layers"):
         raise CheckpointConfigError("compile_regions=apart compiles a plan's regions apart and this run has no plan. "

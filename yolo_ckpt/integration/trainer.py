@@ -208,8 +208,8 @@ class CheckpointMixin(DistributedMixin):
             # compile_memory_budget sets torch's value for this run only (``memory_hooks.apply_compile_budget``)
             stack.enter_context(torch._functorch.config.patch(
                 activation_memory_budget=torch._functorch.config.activation_memory_budget))
-            if self.args.compile and word(self.args.compile_regions or "graph") == "apart":  # every step: dynamo
-                stack.enter_context(regions_compiled_apart())  # guards on it, and would compile one graph again
+            if self.args.compile:  # held for every step (dynamo guards on it); compile_regions=apart, given or chosen
+                stack.enter_context(regions_compiled_apart(None))  # by auto, switched on by apply_compile_budget
             if self.args.simulate_gpu is not None:
                 gpu = stack.enter_context(SimulatedDevice(parse_memory(self.args.simulate_gpu),
                                                           bool(self.args.simulate_allocator)))

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..memory.allocations import BACKWARD_MARK, profile_step
 from ..memory.step import StepShape, batch_bytes, planned_copy, state_bytes, training_batch
+from ..regions.recompute import regions_compiled_apart
 from ..regions.settings import VANILLA, PlanSettings
 from .search import deepest, nested_in_first_region
 from .units import NothingFits
@@ -50,6 +51,8 @@ class CompiledCandidate:
     Attributes:
         settings (PlanSettings): The layer plan (``VANILLA``: none).
         budget (float | None): ``activation_memory_budget`` while the graph compiles; ``None``: torch's default.
+        regions (str): Where the plan's regions compile: ``graph`` (in the model's one graph) or ``apart`` (each on
+            its own, ``regions.recompute.regions_compiled_apart``: the key ``compile_regions``).
         least (bool): Expected to keep the least (docs/compile.md's table): measured first, and where none of those
             fits, no other is (not part of the pair's identity).
     """
@@ -57,10 +60,12 @@ class CompiledCandidate:
     settings: PlanSettings
     budget: float | None = None
     least: bool = field(default=False, compare=False)
+    regions: str = "graph"
 
     def __str__(self) -> str:
         plan = "compiled vanilla" if self.settings == VANILLA else f"compiled {self.settings}"
-        return plan + (f" + compile_memory_budget={self.budget:g}" if self.budget is not None else "")
+        return plan + (f" + compile_memory_budget={self.budget:g}" if self.budget is not None else "") + \
+            (" + compile_regions=apart" if self.regions == "apart" else "")
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,7 @@ class CompiledChoice:
 
 
 def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
-                        plans: Sequence[PlanSettings] | None = None) -> list[CompiledCandidate]:
+                        plans: Sequence[PlanSettings] | None = None, apart: bool = False) -> list[CompiledCandidate]:
     """Compiled vanilla first (the reference), then vanilla under each budget, each plan, and each plan under each
     budget. ``plans``: by default ``all`` + ``head``, the plan that keeps the least eagerly (``search.deepest``)
     and the same with parts nested only in the stem's region, which keeps the least compiled
@@ -114,14 +119,19 @@ def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
     Marked ``least`` (measured first): that plan alone and under each budget, and vanilla under the smallest budget,
     which keeps within 1.4% of it (0.3: 0.365x; yolo11n at 640 px, docs/compile.md). A heuristic from that table:
     on the 5-layer test model (tests/support.py ``MINI``) at 64 px, batch 2, ``all`` + ``head`` keeps 1.5% less than it
-    (4.41 against 4.48 MiB, the model's state most of both; ``aot_eager_decomp_partition``)."""
+    (4.41 against 4.48 MiB, the model's state most of both; ``aot_eager_decomp_partition``).
+
+    ``apart``: also that plan with its regions compiled apart, last and marked ``least``: it keeps the least of all
+    (0.296x of eager vanilla against 0.336x in one graph, channels first, yolo11n at 640 px), and is slower. Not
+    ``least`` apart: its nested parts share the frames dynamo resumes after each break, past the recompile limit."""
     stem = nested_in_first_region(deepest(model))
     if plans is None:
         plans = [PlanSettings.of("all", layers="head"), deepest(model), stem]
     least = {(stem, b) for b in (None, *budgets)} | ({(VANILLA, min(budgets))} if budgets else set())
     pairs = [(VANILLA, None), *((VANILLA, b) for b in budgets), *((p, None) for p in plans),
              *((p, b) for p in plans for b in budgets)]
-    return [CompiledCandidate(s, b, (s, b) in least) for s, b in pairs]
+    return [*(CompiledCandidate(s, b, (s, b) in least) for s, b in pairs),
+            *([CompiledCandidate(stem, None, True, "apart")] if apart else [])]
 
 
 def _compiled_step(model: nn.Module, forward: Callable, data: dict, amp: torch.dtype | None) -> Callable[[], None]:
@@ -143,14 +153,17 @@ def _compiled_step(model: nn.Module, forward: Callable, data: dict, amp: torch.d
 def compiled_step(model: nn.Module, shape: StepShape, candidate: CompiledCandidate,
                   backend: str | None = None) -> CompiledStep:
     """One candidate's compiled step on a copy of ``model``: compiled (``backend``, by default ``BACKEND``), warmed,
-    profiled, timed."""
+    profiled, timed; an ``apart`` candidate inside ``regions_compiled_apart`` with the same backend, as the run holds
+    it for every step."""
     budget = 1.0 if candidate.budget is None else candidate.budget
+    backend = backend or BACKEND
     with planned_copy(model, candidate.settings) as m:
         data = training_batch(m, shape)
         torch._dynamo.reset()
         try:
-            with torch._functorch.config.patch(activation_memory_budget=budget):  # read as the graph compiles
-                step = _compiled_step(m, torch.compile(m, backend=backend or BACKEND), data, shape.amp)
+            with torch._functorch.config.patch(activation_memory_budget=budget), \
+                    regions_compiled_apart(backend if candidate.regions == "apart" else None):
+                step = _compiled_step(m, torch.compile(m, backend=backend), data, shape.amp)
                 step()  # compiles, builds the criterion
                 peak = profile_step(step).peak
                 start = time.perf_counter()

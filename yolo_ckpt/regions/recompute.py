@@ -281,6 +281,7 @@ def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.M
 
 class _Apart:
     backend: str | None = None
+    layout: bool = True  # inductor's layout_optimization before regions were compiled apart
 
 
 _apart = _Apart()
@@ -288,22 +289,35 @@ _compiled_regions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @contextmanager
-def regions_compiled_apart(backend: str = "inductor") -> Iterator[None]:
+def regions_compiled_apart(backend: str | None = "inductor") -> Iterator[None]:
     """While the block runs, a compiled model's ``full`` regions are compiled apart from its graph, each with
     ``backend`` (see above; ``selective`` regions stay in the graph), and inductor compiles channels first
     (``torch._inductor.config.layout_optimization`` off). Hold it for every step of the compiled model:
-    dynamo guards on it, and a step outside it compiles the model again, in one graph.
+    dynamo guards on it, and a step outside it compiles the model again, in one graph. ``None``: held off, until
+    ``compile_regions_apart`` switches it on inside (a run whose ``auto`` chooses once it started); either way
+    both are put back when the block exits.
 
     On yolo11n at 640 px, batch 4 (CPU, inductor), ``least-stem`` then keeps 0.296x of eager vanilla's step peak at
     1.27-1.41x its time (six runs, median 1.34x), against 0.336x in one graph, channels first (docs/compile.md)."""
-    prior, _apart.backend = _apart.backend, backend
-    try:  # channels first: the frames dynamo resumes after each region's break (our loop's, shared by every region)
-        # recompile with symbolic sizes, which inductor's channels-last layout failed to order (yolo11n, 640 px:
-        # "cannot determine truth value of Relational"); channels-last also copies every weight each step
-        with torch._inductor.config.patch(layout_optimization=False):
-            yield
+    prior = _apart.backend
+    compile_regions_apart(backend)
+    try:
+        yield
     finally:
-        _apart.backend = prior
+        compile_regions_apart(prior)
+
+
+def compile_regions_apart(backend: str | None) -> None:
+    """Compile regions apart with ``backend`` from now on, or (``None``) in the model's graph again, with inductor's
+    own layout back. Channels first while apart: the frames dynamo resumes after each region's break (our loop's,
+    shared by every region) recompile with symbolic sizes, which inductor's channels-last layout failed to order
+    (yolo11n, 640 px: "cannot determine truth value of Relational"); channels-last also copies every weight each
+    step."""
+    if backend and not _apart.backend:
+        _apart.layout, torch._inductor.config.layout_optimization = torch._inductor.config.layout_optimization, False
+    elif not backend and _apart.backend:
+        torch._inductor.config.layout_optimization = _apart.layout
+    _apart.backend = backend
 
 
 def _run(fn: Callable[..., Any], *args: Any) -> Any:
