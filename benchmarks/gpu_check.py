@@ -52,7 +52,7 @@ imgsz 128 batch 4 with a share of 0.8x vanilla's step (there the model state is 
 no plan fits) on ``yolo_ckpt.memory.device.UntoldDevice`` (a limit planning is not told about). The quick memory
 table has vanilla, ``all``, ``all + head selective`` and auto at 70%. ``--quick --model X.yaml`` runs every section on
 that model instead of yolo11n: the suite passes a five-unit model, as it checks the script (yolo11n's 57 probes each
-time its units are measured took half of a quick run's 88 s on one core).
+time its units are measured made a quick run 78-84 s of CPU on one core, the five-unit model's 44 s).
 """
 
 from __future__ import annotations
