@@ -73,7 +73,8 @@ def auto_batch(trainer: Any) -> int:
         LOGGER.info(f"{AUTOBATCH}set memory_budget (e.g. memory_budget=24GB) to plan without CUDA")
         return BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
     if is_auto(trainer.args.checkpoint_stages):
-        return auto_plan(trainer, max(max_num_obj, 1), autobatch=True, dataset_size=dataset_size)
+        batch = auto_plan(trainer, max(max_num_obj, 1), autobatch=True, dataset_size=dataset_size)
+        return compiled_batch(trainer, batch, max(max_num_obj, 1))
     model, memory = trainer.model, trainer.run_memory
     plain = network(model)
     described = (checkpoint_plan(plain) or CheckpointPlan()).describe(checkpoint_mode(plain))
@@ -82,8 +83,9 @@ def auto_batch(trainer: Any) -> int:
     if trainer.args.memory_budget is not None or simulated:
         with random_state_kept(Generators.TORCH):
             target = memory.aim(trainer.device, trainer.args.memory_budget, memory_fraction(trainer))
-            return memory.batch_for_budget(plain, step_shape(trainer, max(max_num_obj, 1)), target, described,
-                                           dataset_size, validation_of(trainer))
+            batch = memory.batch_for_budget(plain, step_shape(trainer, max(max_num_obj, 1)), target, described,
+                                            dataset_size, validation_of(trainer))
+        return compiled_batch(trainer, batch, max(max_num_obj, 1))
     try:
         trainer.model = plain  # Ultralytics profiles a deepcopy: the plan comes along
         batch = BaseTrainer.auto_batch(trainer, max_num_obj, dataset_size)
@@ -94,6 +96,18 @@ def auto_batch(trainer: Any) -> int:
         trainer.model = model
     LOGGER.info(f"{AUTOBATCH}batch {batch} with {described} ({memory.batch_without} without)")
     return batch
+
+
+def compiled_batch(trainer: Any, batch: int, objects: int) -> int:
+    """AutoBatch's ``batch``, chosen from eager steps, as a ``compile=True`` run trains it: halved until the run's
+    compiled step (its plan, ``compile_memory_budget``, ``compile_regions``) fits the share
+    (``RunMemory.confirm_compiled``); the batch itself without compile."""
+    if not trainer.args.compile:
+        return batch
+    candidate = compiled.CompiledCandidate(settings_of(trainer), getattr(trainer.args, "compile_memory_budget", None),
+                                           regions="apart" if regions_apart(trainer) else "graph")
+    return trainer.run_memory.confirm_compiled(network(trainer.model), step_shape(trainer, objects), batch, candidate,
+                                               validation_of(trainer), memory_fraction(trainer))
 
 
 def record_planned_batch(trainer: Any) -> None:

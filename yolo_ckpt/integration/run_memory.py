@@ -1,6 +1,7 @@
 """The run's memory decisions as one object the trainer owns: ``RunMemory`` (``trainer.run_memory``).
 
-What it decides: the memory target (``aim``), AutoBatch's batch for a budget (``batch_for_budget``), ``auto``'s plan
+What it decides: the memory target (``aim``), AutoBatch's batch for a budget (``batch_for_budget``; under compile
+confirmed by compiled steps, ``confirm_compiled``), ``auto``'s plan
 (``choose_plan``), the validator's batch (``plan_validation``, ``validator_batch``) and, in Ultralytics' first-epoch
 out-of-memory retry, a plan that keeps less at the same batch (``hold_batch``, ``escalate``). What it remembers: the
 target, what AutoBatch gave without checkpointing, the validator's batch, each epoch's peak, and escalation's state
@@ -22,6 +23,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +36,13 @@ from ..memory.device import DeviceMemory, device_memory
 from ..memory.step import StepShape, batch_bytes, loop_bytes
 from ..planning.autobatch import MemoryTarget, parse_memory
 from ..planning.choice import measured_least
+from ..planning.compiled import CompiledCandidate
+from ..planning.compiled_batch import confirm_batch
 from ..planning.costs import unit_costs
 from ..planning.escalation import keeps_least
 from ..planning.random_state import Generators, random_state_kept
 from ..planning.search import deepest
+from ..planning.units import NothingFits
 from ..regions.graph import model_stages
 from ..regions.settings import PlanSettings
 from ..regions.spec import CheckpointConfigError
@@ -127,6 +132,32 @@ class RunMemory:
         line = self.plan_validation(model, validation, chosen.batch, target.share, chosen.held, chosen.step)
         LOGGER.info(f"{auto.AUTOBATCH}{line}")
         return chosen.batch
+
+    def confirm_compiled(self, model: nn.Module, shape: StepShape, batch: int, candidate: CompiledCandidate,
+                         validation: Validation, fraction: float) -> int:
+        """AutoBatch's ``batch`` (from eager steps) in a ``compile=True`` run, halved until the compiled step of
+        ``candidate`` (the run's plan, budget and regions) fits the share less the loop's batches
+        (``compiled_batch.confirm_batch``); where it halved, the validator's batch is planned again for it (validation
+        runs the EMA eagerly; Ultralytics validates at twice the training batch). Returns the batch.
+
+        Raises:
+            CheckpointConfigError: When not even batch 1's compiled step fits, with the ``memory_budget`` that would.
+        """
+        try:
+            with random_state_kept(Generators.TORCH):
+                confirmed = confirm_batch(model, shape, batch, self.target, candidate)
+        except NothingFits as e:
+            need = math.ceil(e.needed / fraction / 2**20)
+            raise CheckpointConfigError(f"AutoBatch under compile=True: {e}: memory_budget={need}MB would fit it, or "
+                                        f"lower imgsz") from None
+        LOGGER.info(f"{auto.AUTOBATCH}{confirmed.line()}")
+        if confirmed.batch != batch:
+            at = shape.at(confirmed.batch)
+            held = batch_bytes(model, at) + loop_bytes(model, at)
+            line = self.plan_validation(model, validation, confirmed.batch, self.target, held,
+                                        confirmed.bytes + loop_bytes(model, at))
+            LOGGER.info(f"{auto.AUTOBATCH}{line}")
+        return confirmed.batch
 
     def choose_plan(self, model: nn.Module, shape: StepShape, target: MemoryTarget, *, autobatch: bool, images: int,
                     buckets: int, loss_modes: Sequence[str], device: torch.device,
