@@ -282,8 +282,8 @@ def test_auto_under_compile_stops_after_the_least_keeping_candidates_when_none_f
 
 def test_auto_under_compile_measures_its_apart_candidate_as_the_run_trains_it(monkeypatch):
     """With ``compile_regions=apart`` given, ``auto`` under compile also weighs ``least-stem`` with its regions compiled
-    apart, among those measured first (no budget: it is torch's for the model's graph, which the regions leave);
-    never by default. It is measured as the run trains it, inside ``regions_compiled_apart`` with the same backend:
+    apart, alone and under each budget, among those measured first; never by default. It is measured as the run
+    trains it, inside ``regions_compiled_apart`` with the same backend:
     each of the plan's regions' compiled insides is called, in the forward and again in the recompute of every step
     measured (three: compile, profile, time; counted around ``recompute._compiled_region``). ``aot_eager``."""
     from ultralytics.cfg import get_cfg
@@ -296,11 +296,12 @@ def test_auto_under_compile_measures_its_apart_candidate_as_the_run_trains_it(mo
     model.args = get_cfg()
     stem = nested_in_first_region(deepest(model))
     default, allowed = compiled.compiled_candidates(model), compiled.compiled_candidates(model, apart=True)
-    assert {c.regions for c in default} == {"graph"} and allowed[:-1] == default
-    assert [(c.settings, c.budget, c.regions, c.least) for c in allowed[-1:]] == [(stem, None, "apart", True)]
+    assert {c.regions for c in default} == {"graph"} and allowed[:len(default)] == default
+    assert [(c.settings, c.budget, c.regions, c.least) for c in allowed[len(default):]] == \
+        [(stem, b, "apart", True) for b in (None, *compiled.BUDGETS)]  # alone and under each budget
     assert str(allowed[-1]).endswith(" + compile_regions=apart")  # the log's table says which one is apart
     calls = region_calls(monkeypatch)
-    compiled.compiled_step(model, StepShape(64, 2), allowed[-1], "aot_eager")
+    compiled.compiled_step(model, StepShape(64, 2), allowed[len(default)], "aot_eager")
     assert len(calls) == len(stem.resolve(model).regions) and min(calls.values()) >= 2 * 3, calls
 
 
@@ -573,8 +574,8 @@ def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path
                     **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64, "fraction": 0.5, "val": False})
     finally:
         LOGGER.removeHandler(handler)
-    least_apart = compiled.compiled_candidates(model.model, apart=True)[-1]
-    assert [c for c in weighed[0] if c.regions == "apart"] == [least_apart]  # auto weighed it: compile_regions=apart
+    least_apart = [c for c in compiled.compiled_candidates(model.model, apart=True) if c.regions == "apart"]
+    assert [c for c in weighed[0] if c.regions == "apart"] == least_apart != []  # weighed: compile_regions=apart
     regions = plans[0].regions
     assert regions == plan.resolve(model.model).regions
     assert steps == [False] * 2 and len(regions) > 1  # two steps (8 images, batch 4), compiled channels first
