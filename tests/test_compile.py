@@ -534,9 +534,9 @@ def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path
     step each of the plan's regions calls its own compiled inside twice, in the forward and in the recompute (counted
     around ``recompute._compiled_region``, the test above's count), so the run switched regions apart on after
     ``auto`` chose; args.yaml records the plan and the key, and the keys the log says to pass again include it;
-    inductor's layout option is torch's again after the run. ``aot_eager`` compiles the model (Ultralytics'
-    ``attempt_compile``) and the regions (``compiled.BACKEND``, the backend auto measures with), where real runs use
-    inductor for both, so that it takes seconds."""
+    inductor's layout option and dynamo's recompile limit are torch's again after the run. ``aot_eager`` compiles
+    the model (Ultralytics' ``attempt_compile``) and the regions (``compiled.BACKEND``, the backend auto measures
+    with), where real runs use inductor for both, so that it takes seconds."""
     import logging
     import shlex
 
@@ -547,6 +547,7 @@ def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path
     from yolo_ckpt.integration import auto
     from yolo_ckpt.integration.cli import parse_train_args
     from yolo_ckpt.planning import compiled
+    from yolo_ckpt.regions import recompute
     from yolo_ckpt.regions.settings import PlanSettings
 
     monkeypatch.setattr(engine, "attempt_compile", lambda model, **kw: torch.compile(model, backend="aot_eager"))
@@ -561,9 +562,11 @@ def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path
     calls = region_calls(monkeypatch)
     path = tmp_path / "yolo11-mini.yaml"
     path.write_text(yaml.safe_dump(MINI, sort_keys=False))
-    layout, steps, plans, lines = torch._inductor.config.layout_optimization, [], [], []
+    layout, limit, steps, plans, lines = (torch._inductor.config.layout_optimization,
+                                          torch._dynamo.config.recompile_limit, [], [], [])
     model = YOLO(str(path))
-    model.add_callback("on_train_batch_end", lambda t: steps.append(torch._inductor.config.layout_optimization))
+    model.add_callback("on_train_batch_end", lambda t: steps.append((torch._inductor.config.layout_optimization,
+                                                                      torch._dynamo.config.recompile_limit)))
     model.add_callback("on_train_batch_start", lambda t: plans.append(checkpoint_plan(unwrap_model(t.model))))
     handler = logging.Handler()
     handler.emit = lambda r: lines.append(r.getMessage())
@@ -578,11 +581,12 @@ def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path
     assert [c for c in weighed[0] if c.regions == "apart"] == least_apart != []  # weighed: compile_regions=apart
     regions = plans[0].regions
     assert regions == plan.resolve(model.model).regions
-    assert steps == [False] * 2 and len(regions) > 1  # two steps (8 images, batch 4), compiled channels first
+    # two steps (8 images, batch 4), compiled channels first, dynamo's recompile limit raised (recompute's why)
+    assert steps == [(False, max(limit, recompute.RECOMPILE_LIMIT))] * 2 and len(regions) > 1
     assert len(calls) == len(regions) and set(calls.values()) == {2 * len(steps)}, (calls, regions)
     saved = yaml.safe_load((Path(model.trainer.save_dir) / "args.yaml").read_text())
     assert {k: saved[k] for k in (*plan.keys(), "compile_regions")} == {**plan.keys(), "compile_regions": "apart"}
     said = next(x for x in lines if "to train this plan again without planning, pass " in x)
     keys = said.split("without planning, pass ", 1)[1].removesuffix(" (args.yaml holds them too)")
     assert parse_train_args(["train", *shlex.split(keys)])["compile_regions"] == "apart", keys
-    assert torch._inductor.config.layout_optimization == layout
+    assert torch._inductor.config.layout_optimization == layout and torch._dynamo.config.recompile_limit == limit

@@ -282,6 +282,14 @@ def checkpoint_region(fn: Callable[..., Any], *args: Any, modules: Iterable[nn.M
 class _Apart:
     backend: str | None = None
     layout: bool = True  # inductor's layout_optimization before regions were compiled apart
+    recompiles: int = 8  # dynamo's recompile_limit before
+
+
+RECOMPILE_LIMIT = 64
+"""dynamo's ``recompile_limit`` while regions compile apart (torch's default 8): the frames a region's break leaves
+(``checkpoint_region``'s, guarded on its first module's type; a block's forward resumed after a nested part) compile
+once per region kind, and ``least`` on yolo11n passed 8, after which dynamo ran those frames eagerly, their regions
+no longer compiled apart ("hit config.recompile_limit (8)")."""
 
 
 _apart = _Apart()
@@ -312,11 +320,14 @@ def compile_regions_apart(backend: str | None) -> None:
     own layout back. Channels first while apart: the frames dynamo resumes after each region's break (our loop's,
     shared by every region) recompile with symbolic sizes, which inductor's channels-last layout failed to order
     (yolo11n, 640 px: "cannot determine truth value of Relational"); channels-last also copies every weight each
-    step."""
+    step. dynamo's ``recompile_limit`` is raised meanwhile (``RECOMPILE_LIMIT``)."""
     if backend and not _apart.backend:
         _apart.layout, torch._inductor.config.layout_optimization = torch._inductor.config.layout_optimization, False
+        _apart.recompiles = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(_apart.recompiles, RECOMPILE_LIMIT)
     elif not backend and _apart.backend:
         torch._inductor.config.layout_optimization = _apart.layout
+        torch._dynamo.config.recompile_limit = _apart.recompiles
     _apart.backend = backend
 
 
