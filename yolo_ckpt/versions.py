@@ -52,7 +52,10 @@ from ultralytics.utils.checks import check_version
 # keeps the optimizer and hands the rebuilt loader to the validator as 8.4.190's does; everything else yolo-ckpt
 # touches reads as in 8.4.190 from there on (8.4.113 is the first in which yolo-ckpt runs at all), except YOLO26
 # segmentation's mask-aware assigner (``SegTaskAlignedAssigner``), which 8.4.162 lacks: ``checkpoint_loss=chunked``
-# groups its objects where it exists and has nothing to group where it does not.
+# groups its objects where it exists and has nothing to group where it does not. Three differences are met where they
+# are read: the assigner's ``pair_overlaps`` (8.4.162 computes those overlaps inside ``get_box_metrics``:
+# ``assignment._pair_overlaps``), ``PoseModel.kpt_shape`` (the head's is read) and RT-DETR's loss, which builds its
+# criterion only where the attribute is missing (``step.put_back_criterion``); .ci/run's subset covers each.
 ULTRALYTICS_RANGE = ">=8.4.162,<8.5"
 ULTRALYTICS_CHECKED = "8.4.190"  # the release every private name yolo-ckpt touches was read in; the suite runs on it
 

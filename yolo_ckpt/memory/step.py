@@ -126,7 +126,7 @@ def training_batch(model: nn.Module, shape: StepShape) -> dict:
     xywh = torch.cat([torch.rand(n, 2, generator=g) * 0.8 + 0.1, torch.rand(n, 2, generator=g) * 0.08 + 0.02], 1)
     b["bboxes"] = torch.cat([xywh, torch.rand(n, 1, generator=g)], 1) if isinstance(model, OBBModel) else xywh
     if isinstance(model, PoseModel):
-        b["keypoints"] = torch.rand(n, *model.kpt_shape, generator=g)
+        b["keypoints"] = torch.rand(n, *model.model[-1].kpt_shape, generator=g)  # the head's: in every release
     if isinstance(model, SegmentationModel):
         b["masks"] = torch.randint(0, objects + 1, (batch, imgsz // 4, imgsz // 4), generator=g).float()
         # class ids per mask pixel, as Ultralytics' ``Format`` gives every segment batch; YOLO26's semantic aux loss
@@ -312,6 +312,16 @@ def planned_copy(model: nn.Module, plan: PlanSettings | None = NO_PLAN) -> Itera
         del m
 
 
+def put_back_criterion(model: nn.Module, criterion: nn.Module | None) -> None:
+    """``model``'s loss as a copy had it: ``criterion``, or none at all where it had none (``None``), so that its next
+    step builds the loss as a fresh copy's first step does (8.4.162's RT-DETR builds it only where the attribute is
+    missing, and would call a ``None``)."""
+    if criterion is not None:
+        model.criterion = criterion
+    elif hasattr(model, "criterion"):
+        delattr(model, "criterion")
+
+
 @contextmanager
 def copy_for_plans(model: nn.Module) -> Iterator[Callable[[PlanSettings], nn.Module]]:
     """One copy of ``model`` for many plans in turn: ``install(plan)`` puts a plan on it and returns it, its loss
@@ -331,7 +341,7 @@ def copy_for_plans(model: nn.Module) -> Iterator[Callable[[PlanSettings], nn.Mod
         criterion, own_loss = getattr(m, "criterion", None), loss_checkpointing(model) or "none"
 
         def install(plan: PlanSettings) -> nn.Module:
-            m.criterion = criterion  # as the copy had it: the next step builds the loss as a fresh copy's first
+            put_back_criterion(m, criterion)  # the next step builds the loss as a fresh copy's first does
             plan.with_loss(own_loss if plan.loss is None else plan.loss).install(m)
             return m
 

@@ -17,6 +17,7 @@ from ..memory.step import (
     batch_bytes,
     grad_bytes,
     planned_copy,
+    put_back_criterion,
     state_bytes,
     step_loss,
     time_steps,
@@ -213,7 +214,7 @@ def unit_costs(model: nn.Module, shape: StepShape, loss_modes: tuple = (), timed
     with planned_copy(model, PlanSettings(loss=base)) as m:
         criterion = getattr(m, "criterion", None)  # the loss a first step makes, as it had it (its bytes count)
         for unit, mode in probes if track is None else track(probes, f"{len(probes)} units of the model"):
-            m.criterion = criterion
+            put_back_criterion(m, criterion)
             if unit == LOSS:  # the loss plan alone: the network plain
                 c = Candidate((), "full", 0, 0, head, layout=layout, loss=mode)
             else:

@@ -101,7 +101,7 @@ def _assign_exact(assigner: nn.Module, pd_scores: torch.Tensor, pd_bboxes: torch
     b, g, a = (torch.cat(x) for x in zip(*pairs))
     # ``get_box_metrics``' scores of the batch's pairs, in one call over the same list
     scores = pd_scores[b, a, gt_labels[b, g, 0].long()]
-    overlaps = assigner.pair_overlaps((b, g, a), gt_bboxes, pd_bboxes, **extra)
+    overlaps = _pair_overlaps(assigner, (b, g, a), gt_bboxes, pd_bboxes, **extra)
     aligned = scores.pow(assigner.alpha) * overlaps.pow(assigner.beta)
     starts = [0, *itertools.accumulate(len(p[0]) for p in pairs)]
 
@@ -110,6 +110,16 @@ def _assign_exact(assigner: nn.Module, pd_scores: torch.Tensor, pd_bboxes: torch
         assigner.get_box_metrics = partial(_scored_pairs, pairs[i][1:], overlaps[s:e], aligned[s:e])
 
     return _each_image(assigner, args, extra, image)
+
+
+def _pair_overlaps(assigner: nn.Module, indices: tuple[torch.Tensor, ...], gt_bboxes: torch.Tensor,
+                   pd_bboxes: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+    """The assigner's ``pair_overlaps`` of the pairs ``indices``; before it existed (8.4.162) ``get_box_metrics``
+    computed the same overlaps inline, as ``iou_calculation`` of the pairs' boxes, which this does there."""
+    if hasattr(assigner, "pair_overlaps"):
+        return assigner.pair_overlaps(indices, gt_bboxes, pd_bboxes, **extra)
+    b, g, a = indices
+    return assigner.iou_calculation(gt_bboxes[b, g], pd_bboxes[b, a])
 
 
 def _scored_pairs(pairs: tuple[torch.Tensor, torch.Tensor], overlaps: torch.Tensor, aligned: torch.Tensor,
