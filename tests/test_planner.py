@@ -150,6 +150,8 @@ def test_vanilla_is_measured_first_and_where_it_fits_no_unit_is(small, monkeypat
     chosen = with_plan(small, tight.candidate.settings.with_loss(None))  # a copy with the plan
     assert tight.measured_bytes == step_bytes(chosen, shape) <= vanilla - 1
     disable_checkpointing(chosen)
+    with pytest.raises(NothingFits, match=r"keeps the least \((?!none\))"):  # vanilla, over first, is not the least
+        choose_plan(small, shape, vanilla // 4)
 
 
 def test_the_log_has_a_table_only_when_plans_were_weighed(small, exhaustive, timed_planning):

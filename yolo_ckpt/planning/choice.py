@@ -236,6 +236,7 @@ def choose_plan(model: nn.Module, shape: StepShape, target: int, costs: Costs | 
         if (got := probe.fits(plain)) is not None:
             return probe.choice(plain, got, [])
         costs = probe.costs = unit_costs(model, shape, loss_modes)
+        probe.tried[-1] = Tried(no_recompute(costs, batch, fixed), None)  # over, with its predicted bytes now
     else:
         plain = no_recompute(costs, batch, fixed)
         if plain.predicted_bytes <= target * (1 + MARGIN) and (got := probe.fits(plain)) is not None:

@@ -126,7 +126,7 @@ def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
     at 640 px), and is slower; a budget also partitions each region's own graph, which keeps less again (budget 0.5:
     the step's peak above its start 216.1 -> 180.7 MiB, yolo11n at 640 px, batch 4, nc=4). Not ``least`` apart: in a
     ``yolo-ckpt train`` run of that yolo11n it keeps what ``least-stem`` apart keeps (0.306 GB: the step peaks in the
-    stem's region's backward, which both plans share), at 1.63x eager vanilla's step time against 1.26-1.35x."""
+    stem's region's backward, which both plans share), at 1.63x eager vanilla's step time against 1.26-1.42x."""
     stem = nested_in_first_region(deepest(model))
     if plans is None:
         plans = [PlanSettings.of("all", layers="head"), deepest(model), stem]
