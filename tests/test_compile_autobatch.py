@@ -76,6 +76,30 @@ def test_autobatch_batch_halves_until_its_compiled_step_fits(monkeypatch):
     assert str(error.value).startswith("batch 1's compiled step"), error.value
 
 
+def test_a_device_that_runs_out_sooner_halves_the_batch_instead_of_ending_the_run(monkeypatch):
+    """A device that holds less than it said: the compiled probe at batch 8 and 4 runs out of memory (CUDA's error,
+    raised where the device would), which counts as "over", so the batch halves to 2, whose compiled step fits; at
+    batch 1 an out-of-memory error is one line (``NothingFits``), never the error itself."""
+    monkeypatch.setattr(compiled, "BACKEND", BACKEND)
+    real = compiled.compiled_step
+
+    def small_device(model, shape, candidate, backend=None):
+        if shape.batch >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return real(model, shape, candidate, backend)
+
+    monkeypatch.setattr(compiled, "compiled_step", small_device)
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    model.args = get_cfg()
+    confirmed = confirm_batch(model, StepShape(64, 1), 8, 2**30, CompiledCandidate(deepest(model)))
+    assert confirmed.batch == 2 and [m[1] for m in confirmed.measured][:2] == [None, None], confirmed
+    assert "batch 8 out of memory" in confirmed.line() and "halved to 2" in confirmed.line()
+    monkeypatch.setattr(compiled, "compiled_step", lambda *a, **k: (_ for _ in ()).throw(
+        torch.OutOfMemoryError("CUDA out of memory")))
+    with pytest.raises(NothingFits, match="ran out of the device's memory"):
+        confirm_batch(model, StepShape(64, 1), 1, 2**30, CompiledCandidate(deepest(model)))
+
+
 def test_autobatch_under_compile_trains_the_batch_confirmed_compiled(detect_data, tmp_path, monkeypatch):
     """A ``compile=True`` run with ``batch=-1``, a fixed plan (MINI's least-keeping) and ``memory_budget``: AutoBatch's
     batch from eager steps is over compiled, so the run halves it; the log says so in one line, each batch tried one

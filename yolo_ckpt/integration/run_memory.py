@@ -147,9 +147,8 @@ class RunMemory:
             with random_state_kept(Generators.TORCH):
                 confirmed = confirm_batch(model, shape, batch, self.target, candidate)
         except NothingFits as e:
-            need = math.ceil(e.needed / fraction / 2**20)
-            raise CheckpointConfigError(f"AutoBatch under compile=True: {e}: memory_budget={need}MB would fit it, or "
-                                        f"lower imgsz") from None
+            need = f"memory_budget={math.ceil(e.needed / fraction / 2**20)}MB would fit it, or " if e.needed else ""
+            raise CheckpointConfigError(f"AutoBatch under compile=True: {e}: {need}lower imgsz") from None
         LOGGER.info(f"{auto.AUTOBATCH}{confirmed.line()}")
         if confirmed.batch != batch:
             at = shape.at(confirmed.batch)

@@ -22,9 +22,11 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from torch import nn
 
+from ..memory.device import unless_oom
 from ..memory.step import StepShape, loop_bytes
 from . import compiled
 from .compiled import CompiledCandidate
@@ -37,8 +39,8 @@ class ConfirmedBatch:
 
     Attributes:
         chosen (int): AutoBatch's batch, from eager steps.
-        measured (tuple[tuple[int, int, int], ...]): ``(batch, compiled step bytes, target bytes)`` in the order
-            measured, halving from ``chosen``; the last one fits.
+        measured (tuple[tuple[int, int | None, int], ...]): ``(batch, compiled step bytes, target bytes)`` in the
+            order measured, halving from ``chosen`` (``None``: it ran out of the device's memory); the last one fits.
     """
 
     chosen: int
@@ -60,7 +62,8 @@ class ConfirmedBatch:
         fits = f"{_size(got)} of {_size(target)}"
         if batch == self.chosen:
             return f"batch {batch} confirmed compiled: {fits}"
-        over = ", ".join(f"batch {b} {_size(g)} of {_size(t)}" for b, g, t in self.measured[:-1])
+        over = ", ".join(f"batch {b} {_size(g) if g is not None else 'out of memory'} of {_size(t)}"
+                         for b, g, t in self.measured[:-1])
         return (f"batch {self.chosen}, chosen from eager steps, is over compiled ({over}): halved to {batch}, "
                 f"confirmed compiled: {fits}")
 
@@ -79,16 +82,21 @@ def confirm_batch(model: nn.Module, shape: StepShape, batch: int, share: int, ca
 
     Raises:
         NothingFits: When batch 1's compiled step does not fit either; ``needed`` is that step with the loop's
-            batches, the share that would hold it.
+            batches, the share that would hold it (0 where the device ran out: no budget would help).
     """
     measured = []
+    device = next(model.parameters()).device
     while True:
         at = shape.at(batch)
-        got = compiled.compiled_step(model, at, candidate, backend).bytes
+        # a device that holds less than it said may stop the probe: "over", never the run's end
+        step = unless_oom(partial(compiled.compiled_step, model, at, candidate, backend), device)
         target = share - loop_bytes(model, at)
+        got = step.bytes if step is not None else None
         measured.append((batch, got, target))
-        if got <= target:
+        if got is not None and got <= target:
             return ConfirmedBatch(measured[0][0], tuple(measured))
+        if batch == 1 and got is None:
+            raise NothingFits(f"batch 1's compiled step ({candidate}) ran out of the device's memory", 0)
         if batch == 1:
             raise NothingFits(f"batch 1's compiled step ({candidate}) measured {_size(got)}, over "
                               f"{_size(target)} ({len(measured)} compiled steps measured, halving from batch "
