@@ -590,3 +590,29 @@ def test_compile_regions_apart_reaches_every_training_step(detect_data, tmp_path
     keys = said.split("without planning, pass ", 1)[1].removesuffix(" (args.yaml holds them too)")
     assert parse_train_args(["train", *shlex.split(keys)])["compile_regions"] == "apart", keys
     assert torch._inductor.config.layout_optimization == layout and torch._dynamo.config.recompile_limit == limit
+
+
+def test_auto_under_compile_takes_a_probe_that_runs_out_of_memory_as_over(monkeypatch):
+    """A device that holds less than it said: a compiled probe's out-of-memory error (CUDA's, raised where the device
+    would) leaves that candidate out as "does not fit", and the fastest of those measured to fit is chosen; where every
+    probe runs out, one line (``NothingFits``) that names no budget, never the error itself."""
+    from yolo_ckpt.planning import compiled
+    from yolo_ckpt.planning.units import NothingFits
+
+    model = DetectionModel(deepcopy(MINI), verbose=False).train()
+    candidates = compiled.compiled_candidates(model)
+    fits = next(c for c in candidates if not c.least)
+    assert candidates[-1].least
+
+    def probe(m, shape, c, backend=None):  # two hold on this device, a least-keeping one (slower) and ``fits``
+        if c == fits or c == candidates[-1]:
+            return compiled.CompiledStep(c, 10, 1.0 if c == fits else 2.0)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+    monkeypatch.setattr(compiled, "compiled_step", probe)
+    choice = compiled.choose_compiled(model, StepShape(64, 2), 100, candidates)
+    assert choice.chosen.candidate == fits and len(choice.measured) == 2
+    monkeypatch.setattr(compiled, "compiled_step", lambda m, shape, c, backend=None: probe(m, shape, None))
+    with pytest.raises(NothingFits, match="ran out of the device's memory") as e:
+        compiled.choose_compiled(model, StepShape(64, 2), 100, candidates)
+    assert e.value.needed == 0

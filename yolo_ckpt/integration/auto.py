@@ -200,8 +200,9 @@ def choose_under_compile(model: nn.Module, shape: StepShape, target: MemoryTarge
         choice = choose_compiled(model, shape, share, candidates)
     except NothingFits as e:
         need = math.ceil((e.needed + (target.share - share)) / target.fraction / 2**20)
+        need = f"memory_budget={need}MB would fit it, or " if e.needed else ""  # 0: the device ran out, not the share
         hint = "" if apart else ", or compile_regions=apart (auto then also weighs its plan with regions apart)"
-        raise CheckpointConfigError(f"{e}: memory_budget={need}MB would fit it, or lower batch or imgsz{hint}") \
+        raise CheckpointConfigError(f"{e}: {need}lower batch or imgsz{hint}") \
             from None
     c, step = choice.chosen.candidate, choice.chosen
     which = ("a plan and a budget" if c.settings != VANILLA and c.budget is not None else "a plan"

@@ -24,11 +24,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
 
 from ..memory.allocations import BACKWARD_MARK, profile_step
+from ..memory.device import unless_oom
 from ..memory.step import StepShape, batch_bytes, planned_copy, state_bytes, training_batch
 from ..regions.recompute import regions_compiled_apart
 from ..regions.settings import VANILLA, PlanSettings
@@ -188,15 +190,27 @@ def choose_compiled(model: nn.Module, shape: StepShape, target: int, candidates:
         NothingFits: When none of those expected to keep the least fits, or no candidate does.
     """
     first = [c for c in candidates if c.least]
-    measured = [compiled_step(model, shape, c, backend) for c in first]
+    measured = _steps(model, shape, first, backend)
+    if first and not measured:
+        raise NothingFits(f"checkpoint_stages=auto under compile=True: each of the {len(first)} candidates expected "
+                          f"to keep the least ran out of the device's memory", 0)
     if first and all(s.bytes > target for s in measured):
         least = min(measured, key=lambda s: s.bytes)
         raise NothingFits(f"checkpoint_stages=auto under compile=True: none of the {len(first)} candidates expected "
                           f"to keep the least fits {target / 2**20:.1f} MiB (the least, {least.candidate}, measured "
                           f"{least.bytes / 2**20:.1f} MiB; the other {len(candidates) - len(first)} not measured)",
                           least.bytes)
-    measured += [compiled_step(model, shape, c, backend) for c in candidates if not c.least]
+    measured += _steps(model, shape, [c for c in candidates if not c.least], backend)
     return fastest_fitting(measured, target)
+
+
+def _steps(model: nn.Module, shape: StepShape, candidates: Sequence[CompiledCandidate],
+           backend: str | None) -> list[CompiledStep]:
+    """``compiled_step`` of each candidate; one whose step ran out of the device's memory (a device that holds less
+    than it said) is left out, as one that does not fit, never the run's end."""
+    device = next(model.parameters()).device
+    steps = (unless_oom(partial(compiled_step, model, shape, c, backend), device) for c in candidates)
+    return [s for s in steps if s is not None]
 
 
 def fastest_fitting(measured: list[CompiledStep], target: int) -> CompiledChoice:
@@ -206,6 +220,8 @@ def fastest_fitting(measured: list[CompiledStep], target: int) -> CompiledChoice
         NothingFits: When none fits.
     """
     fitting = [s for s in measured if s.bytes <= target]
+    if not measured:
+        raise NothingFits("checkpoint_stages=auto under compile=True: each candidate ran out of the device's memory", 0)
     if not fitting:
         least = min(measured, key=lambda s: s.bytes)
         raise NothingFits(f"checkpoint_stages=auto under compile=True: no candidate fits {target / 2**20:.1f} MiB "
