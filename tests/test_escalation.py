@@ -56,6 +56,18 @@ def run(data, project, name, **ours):
 
 
 @pytest.fixture(scope="module")
+def small_cfg(tmp_path_factory) -> str:
+    """``support.SMALL`` as a YAML file (five planning units, C3k2 and Detect with parts): for the tests whose subject
+    is how escalation meets Ultralytics' retry, not a particular real model (yolo11n's 57 unit probes made most of
+    their time)."""
+    from support import SMALL
+
+    cfg = tmp_path_factory.mktemp("small") / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    return str(cfg)
+
+
+@pytest.fixture(scope="module")
 def plain(detect_data, tmp_path_factory) -> Path:
     """The plain run at ``ARGS`` (forwards counted): the reference the escalated runs' fresh runs recompute against."""
     return run(detect_data, tmp_path_factory.mktemp("plain"), "plain", checkpoint_stages=[])[1]
@@ -102,14 +114,14 @@ def test_a_plan_that_keeps_the_least_hands_over_to_ultralytics_halving(detect_da
                                                                                 t.run_memory.escalation.least)
 
 
-def test_the_whole_network_in_full_still_escalates_to_nested_parts(detect_data, tmp_path):
+def test_the_whole_network_in_full_still_escalates_to_nested_parts(detect_data, tmp_path, small_cfg):
     """Every stage and the head, full, is not the plan that keeps the least where layers have parts (C3k2's,
     Detect's branches): an out-of-memory error escalates at the same batch to a plan whose step, measured here with a
     fresh tracker, keeps less (escalation once halved here: its least-keeping plan ignored parts)."""
     from support import CkptOOMOnce, measured_step
 
     whole = {"checkpoint_stages": "all", "checkpoint_layers": "head", "checkpoint_mode": "full"}
-    model = YOLO("yolo11n.yaml")
+    model = YOLO(small_cfg)
     with escalations_logged() as plans:
         model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), **whole,
                     **{**ARGS, "save_period": -1})
@@ -125,16 +137,16 @@ def test_the_whole_network_in_full_still_escalates_to_nested_parts(detect_data, 
     assert step(chosen) < step(whole), chosen
 
 
-def test_escalations_spend_none_of_ultralytics_halving_retries(detect_data, tmp_path):
+def test_escalations_spend_none_of_ultralytics_halving_retries(detect_data, tmp_path, small_cfg):
     """Four out-of-memory errors at the start of the first epoch: Ultralytics' retry halves three times at most, so
     vanilla ends at the fourth. Here the first errors escalate at the same batch and spend none of those three: the
     run trains, and it halved once for each error that escalation did not take."""
     from support import CkptOOMFourTimes, VanillaOOMFourTimes
 
     with pytest.raises(torch.OutOfMemoryError, match="4 of 4"):
-        ultralytics.YOLO("yolo11n.yaml").train(trainer=VanillaOOMFourTimes, data=detect_data, project=str(tmp_path),
-                                               name="vanilla", **ARGS)
-    model = YOLO("yolo11n.yaml")
+        ultralytics.YOLO(small_cfg).train(trainer=VanillaOOMFourTimes, data=detect_data, project=str(tmp_path),
+                                          name="vanilla", **ARGS)
+    model = YOLO(small_cfg)
     with escalations_logged() as plans:
         model.train(trainer=CkptOOMFourTimes, data=detect_data, project=str(tmp_path), name="ours",
                     checkpoint_stages=[2, 3], **ARGS)
@@ -143,15 +155,13 @@ def test_escalations_spend_none_of_ultralytics_halving_retries(detect_data, tmp_
     assert len(results(Path(model.trainer.save_dir))) == ARGS["epochs"]
 
 
-def test_auto_that_chose_vanilla_still_escalates(detect_data, tmp_path):
+def test_auto_that_chose_vanilla_still_escalates(detect_data, tmp_path, small_cfg):
     """``auto`` with room for vanilla installs no plan; an out-of-memory error then escalates at the same batch, as
     from any plan (it halved the batch: no plan was installed to escalate from)."""
-    from support import SMALL, CkptOOMOnce, auto_budget
+    from support import CkptOOMOnce, auto_budget
 
-    cfg = tmp_path / "small.yaml"
-    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
-    budget = auto_budget(str(cfg), detect_data, ARGS["imgsz"], ARGS["batch"], 4.0)  # four vanilla steps' room
-    model = YOLO(str(cfg))
+    budget = auto_budget(small_cfg, detect_data, ARGS["imgsz"], ARGS["batch"], 4.0)  # four vanilla steps' room
+    model = YOLO(small_cfg)
     with escalations_logged() as plans:
         model.train(trainer=CkptOOMOnce, data=detect_data, project=str(tmp_path), checkpoint_stages="auto",
                     memory_budget=budget, **ARGS)
