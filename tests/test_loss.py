@@ -422,7 +422,7 @@ def test_exact_through_ultralytics_out_of_memory_retry(tmp_path, counted, small_
         add_counting(m)
         # nbs=2: an optimizer step at every batch of 2, the batch the retry halves to
         m.train(trainer=trainer, data=data, project=str(tmp_path), name=name,
-                **{**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "nbs": 2, "save_period": 1}, **ours)
+                **{**TRAIN_ARGS, "epochs": 1, "imgsz": 64, "nbs": 2, "save_period": 1}, **ours)
         assert m.trainer.batch_size == TRAIN_ARGS["batch"] // 2  # halved by Ultralytics' retry
         runs.append((m.trainer.save_dir, counted["mask"] - before))
     (vanilla, v_calls), (ckpt, c_calls) = runs
@@ -578,7 +578,7 @@ def test_every_epochs_validation_computes_its_loss_under_the_run_plan(tmp_path, 
 
     monkeypatch.setattr(segmentation, "checkpoint_region", counting)
     data = small_data("segment")
-    vanilla = train_run("yolo11n-seg.yaml", data, tmp_path, "vanilla", epochs=2, imgsz=160)
+    vanilla = train_run("yolo11n-seg.yaml", data, tmp_path, "vanilla", epochs=2, imgsz=64)
     assert not regions
 
     from yolo_ckpt import SegmentationTrainer
@@ -596,7 +596,7 @@ def test_every_epochs_validation_computes_its_loss_under_the_run_plan(tmp_path, 
     m = ultralytics.YOLO("yolo11n-seg.yaml")
     add_counting(m)
     m.train(trainer=Counting, data=data, project=str(tmp_path), name="ckpt", checkpoint_loss="exact",
-            **{**TRAIN_ARGS, "epochs": 2, "imgsz": 160, "save_period": 1})
+            **{**TRAIN_ARGS, "epochs": 2, "imgsz": 64, "save_period": 1})
     ckpt = m.trainer.save_dir
     assert len(per_epoch) == 2 and all(n > 0 for n in per_epoch), per_epoch  # each epoch's validation: the plan
     assert_same_run(vanilla, ckpt)
@@ -612,7 +612,7 @@ def test_least_is_the_tasks_chunked_plan_and_trains_as_it(tmp_path, small_data, 
     for how in ("chunked", "least"):
         before = counted["mask"]
         runs[how] = train_run("yolo11n-seg.yaml", small_data("segment"), tmp_path, how, {"checkpoint_loss": how},
-                              epochs=1, imgsz=160, nbs=2)
+                              epochs=1, imgsz=64, nbs=2)
         masks[how] = counted["mask"] - before
     assert yaml.safe_load((runs["least"] / "args.yaml").read_text())["checkpoint_loss"] == "chunked"
     assert masks["least"] == masks["chunked"] > 0
