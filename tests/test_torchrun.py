@@ -96,7 +96,12 @@ def train(layout: str, project: Path, name: str, trainer: str, **kw) -> tuple[Pa
 
 @pytest.fixture(scope="module")
 def launches(detect_data, tmp_path_factory):
-    """Plain, checkpointed and ``auto`` launches per layout, each once for every test that needs it."""
+    """Plain, checkpointed and ``auto`` launches per layout, each once for every test that needs it.
+
+    ``auto``'s planning may lower its validator's batch (where Ultralytics' own would not fit the share); the plain
+    and checkpointed launches then validate at that batch too (``support.validating_at``), so that the one plain
+    launch is the reference of both (training is untouched), instead of a fourth launch, plain at Ultralytics' own
+    validator batch, for the checkpointed one."""
     budget = auto_budget("yolo11n.yaml", detect_data, ARGS["imgsz"], ARGS["batch"] // 2, 0.8)  # vanilla won't fit,
     buckets = grad_bytes(DetectionModel("yolo11n.yaml", verbose=False))  # with DDP's gradient buckets on top
     budget = f"{int(budget[:-1]) + int(buckets / 0.6)}B"
@@ -106,13 +111,15 @@ def launches(detect_data, tmp_path_factory):
         return tmp_path_factory.mktemp(layout.replace(" ", ""), numbered=False)
 
     @cache
-    def run(layout: str, name: str, val_at: int | None = None):
+    def run(layout: str, name: str):
         project = projects(layout)
-        kw = {"vanilla": {"trainer": "vanilla", **({"extra": {"val_batch": val_at}} if val_at else {})},
-              "ckpt": {"trainer": "ckpt", "checkpoint_stages": STAGES, "extra": {"alloc_rank": 1}},
+        at = ARGS["batch"] if name == "auto" else val_batch(run(layout, "auto")[0], 0)  # auto's validator batch
+        val_at = {"val_batch": at} if at < ARGS["batch"] else {}  # Ultralytics': twice the per-rank batch
+        kw = {"vanilla": {"trainer": "vanilla", "extra": val_at},
+              "ckpt": {"trainer": "ckpt", "checkpoint_stages": STAGES, "extra": {"alloc_rank": 1, **val_at}},
               "auto": {"trainer": "ckpt", "checkpoint_stages": "auto", "memory_budget": budget}}[name]
         epochs = ARGS["epochs"] if layout == "2 nodes x 1" else 1  # two nodes: epoch0.pt is resumed
-        return train(layout, project, f"{name}_val{val_at}" if val_at else name, data=detect_data, epochs=epochs, **kw)
+        return train(layout, project, name, data=detect_data, epochs=epochs, **kw)
 
     return run
 
@@ -151,10 +158,11 @@ def test_auto_is_chosen_once_across_nodes_and_matches_plain_launch(launches):
     """Rank 0 plans for its share of the batch and broadcasts to the other node; both ranks install that plan and
     train as plain. (One node of two processes: ``test_ddp``'s ``auto`` run, whose workers train on this path.)"""
     auto, log = launches("2 nodes x 1", "auto")
-    # vanilla's validator at the batch planning gave ours (where Ultralytics' own would not fit the share)
+    # the plain launch's validator at the batch planning gave ours (where Ultralytics' own would not fit the share)
     at, own = val_batch(auto, 0), ARGS["batch"]  # Ultralytics': twice the per-rank batch, batch // 2 on two ranks
     assert 1 <= at <= own
-    vanilla, _ = launches("2 nodes x 1", "vanilla", at if at < own else None)
+    vanilla, _ = launches("2 nodes x 1", "vanilla")
+    assert val_batch(vanilla, 0) == at
     planned = [json.loads((auto / f"planned_rank{r}.json").read_text()) for r in (0, 1)]
     assert planned == [True, False] and log.count("auto: choosing the plan") == 1  # only rank 0 measured
     chosen = yaml.safe_load((auto / "args.yaml").read_text())
