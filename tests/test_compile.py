@@ -79,25 +79,34 @@ def compiled_steps(model: torch.nn.Module, batch: dict, steps: int = 2) -> list:
     return traced
 
 
-@pytest.mark.parametrize("mode, layers", [("full", None), ("selective", None),
-                                          ("full", ["2.*", "4.m.0:selective", "7.cv2.0"])])  # parts, nested too
-def test_compiled_recompute_keeps_batchnorm_and_gradients_exact(mode, layers):
+@pytest.fixture(scope="module")
+def compiled_plain() -> tuple[DetectionModel, dict, dict]:
+    """TINY untrained, a batch, and the reference: the plain model's state after its two compiled steps (compiled
+    once for the module: every plan below is compared with the same plain run)."""
     torch.manual_seed(0)
     base = DetectionModel(deepcopy(TINY), verbose=False).train()
     base.args = get_cfg()  # the loss reads its hyperparameters here
     batch = training_batch(base, StepShape(64, 2))
-    plain, ckpt = deepcopy(base), deepcopy(base)
+    plain = deepcopy(base)
+    compiled_steps(plain, batch)
+    return base, batch, plain.state_dict()
+
+
+@pytest.mark.parametrize("mode, layers", [("full", None), ("selective", None),
+                                          ("full", ["2.*", "4.m.0:selective", "7.cv2.0"])])  # parts, nested too
+def test_compiled_recompute_keeps_batchnorm_and_gradients_exact(mode, layers, compiled_plain):
+    base, batch, reference = compiled_plain
+    ckpt = deepcopy(base)
     plan = CheckpointPlan.from_spec(ckpt, [2, 3], layers)
     enable_checkpointing(ckpt, plan, mode)
-    compiled_steps(plain, batch)
     graphs = compiled_steps(ckpt, batch)
     tagged = [n for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes
               if n.target is torch.ops.higher_order.tag_activation_checkpoint]  # nested ones in their region's body
     assert len(graphs) == 1 and len(tagged) == len(plan.regions)  # one graph, the regions checkpointed inside it
-    reference = plain.state_dict()
     for k, v in ckpt.state_dict().items():  # weights after two steps, BatchNorm running statistics
         assert torch.equal(v, reference[k]), k
     assert int(ckpt.model[1].bn.num_batches_tracked) == 2  # once per step, not once more per recompute
+    assert int(reference["model.1.bn.num_batches_tracked"]) == 2  # the shared plain run: two steps, no more
 
 
 @pytest.fixture(scope="module")
@@ -495,31 +504,26 @@ def region_calls(monkeypatch) -> dict:
     return calls
 
 
-def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(monkeypatch):
+def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(monkeypatch, compiled_plain):
     """``regions_compiled_apart``: each region leaves the compiled graph (a graph break), runs under eager
     checkpointing, and its inside is compiled apart, called in the forward and again in the recompute; a part nested
     in a stage's region is recomputed twice more, as eagerly (in its region's recompute, then for its own backward).
     Against the compiled plain model (``aot_eager``: the graphs run with eager kernels), two SGD steps: BatchNorm
     weights, and the running statistics the second step computes from them, within float rounding (rtol 1e-6, atol
     1e-7 element by element; at most 3e-6 of a tensor's largest value, on BatchNorm biases): gradients sum region by
-    region instead of in one graph. BatchNorm updates once per step, its recompute's update undone as eagerly. 13 s."""
+    region instead of in one graph. BatchNorm updates once per step, its recompute's update undone as eagerly."""
     from yolo_ckpt.regions import recompute
 
-    torch.manual_seed(0)
-    base = DetectionModel(deepcopy(TINY), verbose=False).train()
-    base.args = get_cfg()
-    batch = training_batch(base, StepShape(64, 2))
-    plain, ckpt = deepcopy(base), deepcopy(base)
+    base, batch, reference = compiled_plain
+    ckpt = deepcopy(base)
     plan = CheckpointPlan.from_spec(ckpt, [2, 3], ["2.m.0"])  # a part nested in stage 2's region
     enable_checkpointing(ckpt, plan, "full")
     calls = region_calls(monkeypatch)
-    compiled_steps(plain, batch)
     with recompute.regions_compiled_apart("aot_eager"):
         compiled_steps(ckpt, batch)
     part = next(r for r in plan.regions if r.parts)
     assert sorted(calls.values()) == [4] * (len(plan.regions) - 1) + [6], calls  # 2 steps x (forward, recompute[, ...])
     assert any(len(m) == 1 and m[0] is ckpt.model[2].get_submodule(part.parts[0]) for m in calls)
-    reference = plain.state_dict()
     for k, v in ckpt.state_dict().items():  # weights and running statistics from them within rounding, counts exact
         if v.is_floating_point():
             torch.testing.assert_close(v, reference[k], rtol=1e-6, atol=1e-7, msg=k)
