@@ -267,14 +267,23 @@ RUN = {**TRAIN_ARGS, "epochs": 1, "imgsz": 160, "val": False}
 KEYS = ("checkpoint_stages", "checkpoint_layers", "checkpoint_mode")
 
 
-def sim_run(data: str, project: Path, name: str, **kw) -> SimpleNamespace:
-    """yolo11n trained on a simulated device: the trainer, the device's peak until the first epoch (``planning``:
+@pytest.fixture(scope="module")
+def small_cfg(tmp_path_factory) -> str:
+    """``SMALL`` as a YAML file: for the runs whose subject is planning on the device, not a particular real model
+    (yolo11n's 57 unit probes made most of their time)."""
+    cfg = tmp_path_factory.mktemp("small") / "small.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    return str(cfg)
+
+
+def sim_run(data: str, project: Path, name: str, cfg: str = "yolo11n.yaml", **kw) -> SimpleNamespace:
+    """``cfg`` trained on a simulated device: the trainer, the device's peak until the first epoch (``planning``:
     every planning step, the training model, the loaders built), the batch planned, the epoch's peak (results.csv,
     read from the device), whether an out-of-memory error escalated the plan, and the log."""
     from yolo_ckpt import YOLO
 
     seen = {}
-    model = YOLO("yolo11n.yaml")
+    model = YOLO(cfg)
 
     def planned(trainer):  # planning (AutoBatch, auto) is over before the first epoch
         seen.update(planning=simulated_device().peak, plan={k: getattr(trainer.args, k) for k in KEYS},
@@ -295,9 +304,9 @@ def sim_run(data: str, project: Path, name: str, **kw) -> SimpleNamespace:
                            escalated=escalated, log="\n".join(lines))
 
 
-def device_bytes(data: str, share: float, batch: int = 4) -> int:
-    """A device whose 60% is ``share`` of vanilla yolo11n's step at ``batch`` (model state and batch on top)."""
-    return int(auto_budget("yolo11n.yaml", data, RUN["imgsz"], batch, share)[:-1])
+def device_bytes(data: str, share: float, batch: int = 4, cfg: str = "yolo11n.yaml") -> int:
+    """A device whose 60% is ``share`` of vanilla ``cfg``'s step at ``batch`` (model state and batch on top)."""
+    return int(auto_budget(cfg, data, RUN["imgsz"], batch, share)[:-1])
 
 
 def test_auto_at_a_fixed_batch_plans_and_trains_within_a_tight_device_share(detect_data, tmp_path):
@@ -319,7 +328,7 @@ def test_auto_at_a_fixed_batch_plans_and_trains_within_a_tight_device_share(dete
 
 
 @pytest.mark.parametrize("stages, fraction, vanillas", [([2, 3], 0.5, 2.0), ("auto", -1, 1.2)])
-def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, stages, fraction, vanillas):
+def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, small_cfg, stages, fraction, vanillas):
     """``batch=0.5`` (``-1``: 60%) on a simulated device: the batch is planned for that share of it, planning
     included; the epoch at that batch stays within the share; the exact tracker on an unlimited CPU confirms a fixed
     plan's batch is the largest whose step, with the training loop's other batches, fits."""
@@ -327,8 +336,9 @@ def test_autobatch_for_the_device_without_memory_budget(detect_data, tmp_path, s
 
     # the share holds vanilla's batch 4 (``vanillas`` x 5/6 of it); auto keeps so much less that twice that share
     # would pass the 16 training images AutoBatch stops at
-    device = device_bytes(detect_data, vanillas) * 5 // 6
-    r = sim_run(detect_data, tmp_path, "ab", checkpoint_stages=stages, batch=fraction, simulate_gpu=f"{device}B")
+    device = device_bytes(detect_data, vanillas, cfg=small_cfg) * 5 // 6
+    r = sim_run(detect_data, tmp_path, "ab", small_cfg, checkpoint_stages=stages, batch=fraction,
+                simulate_gpu=f"{device}B")
     share, b = int((0.6 if fraction == -1 else fraction) * device), r.batch
     assert r.trainer.run_memory.target == share and 4 < b == r.trainer.batch_size < 16, b  # beyond vanilla's 4
     assert 0 < r.planning <= share and 0 < r.epoch <= share and not r.escalated
@@ -363,15 +373,15 @@ def test_autobatch_leaves_room_for_the_loops_other_batches(detect_data, tmp_path
     assert "the training loop's other batches" in r.log
 
 
-def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(detect_data, tmp_path):
+def test_a_budget_larger_than_the_device_is_planned_from_steps_the_device_holds(detect_data, tmp_path, small_cfg):
     """``batch=-1 memory_budget`` of 2.5x the simulated device: one warning naming both, the probes stop at the
     device, and the batch is extrapolated to within 10% of what planning on an unlimited device gives."""
     from yolo_ckpt.memory.step import planned_copy
 
-    budget = device_bytes(detect_data, 2.0) * 5 // 6
+    budget = device_bytes(detect_data, 2.0, cfg=small_cfg) * 5 // 6
     device = int(budget / 2.5)
-    r = sim_run(detect_data, tmp_path, "big", checkpoint_stages=[2, 3], batch=-1, memory_budget=f"{budget}B",
-                simulate_gpu=f"{device}B")
+    r = sim_run(detect_data, tmp_path, "big", small_cfg, checkpoint_stages=[2, 3], batch=-1,
+                memory_budget=f"{budget}B", simulate_gpu=f"{device}B")
     run_model = unwrap_model(r.trainer.model)  # plain after training, the run's classes
     with planned_copy(run_model, PlanSettings.of([2, 3])) as m:
         unlimited = plan_batch(m, StepShape(RUN["imgsz"], objects=objects_of(r.trainer)), budget, 0.6)
