@@ -39,27 +39,29 @@ import sys
 sys.modules["yolo_ckpt"] = None  # any pickled reference to our package, or any use of it, fails
 """
 SAFE = {**os.environ, "ULTRALYTICS_SAFE_LOAD": "1", "YOLO_OFFLINE": "1"}
+HALF = {"epochs": 1, "fraction": 0.5}  # one epoch on 8 of the 16 training images: two optimizer steps at batch 4
 
 
 @pytest.fixture(scope="module")
 def yolo11n_vanilla(detect_data, tmp_path_factory) -> Path:
     """Vanilla yolo11n, one epoch at ``TRAIN_ARGS`` (forwards counted): the reference of the yolo11n plans below,
-    trained once; each plan's run goes into its project (a pair's runs differ only in name)."""
-    return train_run("yolo11n.yaml", detect_data, tmp_path_factory.mktemp("yolo11n"), "vanilla", epochs=1)
+    trained once; each plan's run goes into its project (a pair's runs differ only in name). Half the set
+    (``HALF``): two optimizer steps prove what four did."""
+    return train_run("yolo11n.yaml", detect_data, tmp_path_factory.mktemp("yolo11n"), "vanilla", **HALF)
 
 
 def test_yolo11n_whole_network_bitwise_equal_to_vanilla(detect_data, yolo11n_vanilla):
     """All stages and the head: every layer that stores activations is recomputed (Upsample/Concat store none)."""
     assert len(CheckpointPlan.from_spec("yolo11n.yaml", "all", "head").layer_regions) == 7
     ours = {"checkpoint_stages": "all", "checkpoint_mode": "full", "checkpoint_layers": "head"}  # as train_pair
-    ckpt = train_run("yolo11n.yaml", detect_data, yolo11n_vanilla.parent, "whole", ours, epochs=1)
+    ckpt = train_run("yolo11n.yaml", detect_data, yolo11n_vanilla.parent, "whole", ours, **HALF)
     assert_same_training("yolo11n.yaml", "all", yolo11n_vanilla, ckpt, layers="head")
 
 
 def test_yolov8n_stages_2_3_and_head_ranges_selective_bitwise_equal_to_vanilla(detect_data, tmp_path):
     """Ranges whose layers read tensors from before the region (Concat of layer 6, of layer 12) and from inside it."""
     layers = [[10, 12], [16, 18], 22]
-    pair = train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path, mode="selective", layers=layers, epochs=1)
+    pair = train_pair("yolov8n.yaml", [2, 3], detect_data, tmp_path, mode="selective", layers=layers, **HALF)
     assert_same_training("yolov8n.yaml", [2, 3], *pair, layers=layers)
 
 
@@ -67,7 +69,7 @@ def test_yolo11n_all_selective_bitwise_equal_to_vanilla(detect_data, yolo11n_van
     """The whole backbone selective: what the cost rule keeps beyond convolutions (SPPF's pooling windows, C2PSA's
     long-inner-dimension matmul) and what it recomputes (BatchNorm, SiLU, the cheap convolutions, QK^T)."""
     ours = {"checkpoint_stages": "all", "checkpoint_mode": "selective", "checkpoint_layers": None}
-    ckpt = train_run("yolo11n.yaml", detect_data, yolo11n_vanilla.parent, "selective", ours, epochs=1)
+    ckpt = train_run("yolo11n.yaml", detect_data, yolo11n_vanilla.parent, "selective", ours, **HALF)
     assert_same_training("yolo11n.yaml", "all", yolo11n_vanilla, ckpt)
 
 
@@ -278,7 +280,7 @@ def test_failed_training_leaves_nothing_of_ours(detect_data, tmp_path):
 
 def test_frozen_stages_are_not_recomputed(detect_data, tmp_path):
     """freeze=3 freezes layers 0-2 behind the image: stages 1 and 2 store nothing, so only stages 3-5 recompute."""
-    vanilla, ckpt = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, epochs=1, imgsz=160, freeze=3)
+    vanilla, ckpt = train_pair("yolo11n.yaml", "all", detect_data, tmp_path, **HALF, imgsz=160, freeze=3)
     assert_recomputed(forward_counts(vanilla), forward_counts(ckpt), set(range(3, 11)))
     assert_same_run(vanilla, ckpt)
 
@@ -390,7 +392,7 @@ def test_distillation_recomputes_the_students_plan_and_trains_like_vanilla_disti
     cannot be imported, its student plain."""
     teacher = tmp_path / "teacher.pt"
     ultralytics.YOLO("yolo11n.yaml").save(teacher)
-    pair = train_pair("yolo11n.yaml", [2, 3], detect_data, tmp_path, epochs=1, imgsz=128, distill_model=str(teacher))
+    pair = train_pair("yolo11n.yaml", [2, 3], detect_data, tmp_path, **HALF, imgsz=128, distill_model=str(teacher))
     assert_same_training("yolo11n.yaml", [2, 3], *pair)
     code = BLOCKED + f"""
 from ultralytics.utils.patches import torch_load
