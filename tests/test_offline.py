@@ -47,7 +47,7 @@ def trained(detect_data, tmp_path_factory):
     """An audited one-epoch training run; its ``best.pt`` is what the val run validates."""
     tmp = tmp_path_factory.mktemp("offline")
     calls = network_calls(tmp, "train", f"data={detect_data}", "imgsz=64", "batch=2", "epochs=1", "workers=0",
-                          "checkpoint_stages=[2,3]", f"project={tmp}", "name=r")
+                          "fraction=0.25", "checkpoint_stages=[2,3]", f"project={tmp}", "name=r")  # two steps
     return calls, tmp / "r" / "weights" / "best.pt"
 
 
