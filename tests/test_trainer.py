@@ -146,7 +146,7 @@ print("OK", m.task, r.orig_shape)
 def finished_run(detect_data, tmp_path_factory):
     model = YOLO("yolo11n.yaml")
     model.train(data=detect_data, project=str(tmp_path_factory.mktemp("runs")), name="run", checkpoint_stages=[2, 3],
-                **{**TRAIN_ARGS, "epochs": 2, "plots": True})
+                **{**TRAIN_ARGS, "epochs": 2, "plots": True, "fraction": 0.5})  # two steps an epoch
     return Path(model.trainer.save_dir)
 
 
