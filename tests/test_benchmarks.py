@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end (their figures are for the docs; here only that they work)."""
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,21 @@ from yolo_ckpt.regions.settings import PlanSettings
 from support import SMALL, measured_step
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(name: str, *args: str, monkeypatch, capsys) -> str:
+    """``python benchmarks/NAME ARGS``'s run in this process: the script's file executed as ``__main__`` with those
+    arguments and its directory first on ``sys.path``, as the interpreter runs it; return what it printed. A script's
+    own process imported torch and Ultralytics again, 4-5 s of CPU each; an error ends the test with its traceback."""
+    script = ROOT / "benchmarks" / name
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
+    monkeypatch.syspath_prepend(str(script.parent))
+    capsys.readouterr()  # what the test printed before is not the script's
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:  # a script that ends with its exit status: only success passes
+        assert e.code in (None, 0), capsys.readouterr()
+    return capsys.readouterr().out
 
 
 @pytest.mark.heavy(1)
@@ -62,30 +78,29 @@ def test_recipe_step_extended_from_small_batches_is_the_measured_step():
     assert abs(extended - measured) <= 0.03 * measured, (extended, measured)
 
 
-def test_whole_network_prints_each_plan_and_what_is_alive_at_its_peak():
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "whole_network.py"), "--imgsz", "128", "--batch", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+def test_whole_network_prints_each_plan_and_what_is_alive_at_its_peak(monkeypatch, capsys):
+    out = run_script("whole_network.py", "--imgsz", "128", "--batch", "1", monkeypatch=monkeypatch, capsys=capsys)
     for plan in ("whole network (all + head)", "one region per layer", "parts nested (THIRD)"):
-        assert f"\n{plan}: checkpoint_stages=" in out.stdout
-    assert out.stdout.count("alive at the peak, by what made it: ") == 3 and "target <= 0.3x peak" in out.stdout
+        assert f"\n{plan}: checkpoint_stages=" in out
+    assert out.count("alive at the peak, by what made it: ") == 3 and "target <= 0.3x peak" in out
 
 
-def test_selective_policy_benchmark_prints_every_rule_and_op_kind():
+def test_selective_policy_benchmark_prints_every_rule_and_op_kind(tmp_path, monkeypatch, capsys):
     """The selective benchmark at 64 px: a row per rule, vanilla's ratios 1; keeping everything recomputes no
     convolution (FLOP ratio 1), the other rules keep less than vanilla; the op table names the ops the rules decide
-    on."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "selective_policy.py"), "--imgsz", "64", "--repeats", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    rows = {line.split(" | ")[0].removeprefix("| "): line.split(" | ")[1:] for line in out.stdout.splitlines()
+    on. On SMALL, not yolo11n: what is checked is the script, not a model (SMALL's steps: half yolo11n's CPU time)."""
+    model = tmp_path / "small.yaml"
+    YAML.save(model, SMALL)
+    out = run_script("selective_policy.py", "--model", str(model), "--imgsz", "64", "--repeats", "1",
+                     monkeypatch=monkeypatch, capsys=capsys)
+    rows = {line.split(" | ")[0].removeprefix("| "): line.split(" | ")[1:] for line in out.splitlines()
             if line.startswith("| ")}
     assert rows["vanilla"][1:2] == ["1.000"] and rows["vanilla"][3] == "1.000"
     assert rows["keep all"][3] == "1.000"
     assert float(rows["cost"][1]) < 1 and float(rows["by name"][1]) < 1 and float(rows["cost + BatchNorm"][1]) < 1
     for op in ("convolution.default", "native_batch_norm.default", "max_pool2d_with_indices.default", "silu.default"):
         assert op in rows, op
-    assert "\nFloor at 0.65x vanilla's peak: at least " in out.stdout
+    assert "\nFloor at 0.65x vanilla's peak: at least " in out
 
 
 def test_the_recompute_floor_is_below_every_set_of_whole_ops():
@@ -109,17 +124,18 @@ def test_the_recompute_floor_is_below_every_set_of_whole_ops():
     assert abs(recompute_floor(calls, sum(m for m, _ in exact)) - sum(t for _, t in exact)) < 1e-9
 
 
-def test_tradeoff_picture_draws_every_standard_plan(tmp_path):
-    """README's picture at 64 px: a PNG, and a row per standard plan with vanilla's ratios 1."""
-    out = tmp_path / "tradeoff.png"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "tradeoff_picture.py"), "--imgsz", "64", "--repeats", "1",
-           "--out", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+def test_tradeoff_picture_draws_every_standard_plan(tmp_path, monkeypatch, capsys):
+    """README's picture's script at 64 px: a PNG, and a row per standard plan with vanilla's ratios 1. On SMALL (four
+    stages and a head), not yolo11n: what is checked is the script, not a model (SMALL's ten plans: a third of
+    yolo11n's eleven in CPU time)."""
+    model, out = tmp_path / "small.yaml", tmp_path / "tradeoff.png"
+    YAML.save(model, SMALL)
+    printed = run_script("tradeoff_picture.py", "--model", str(model), "--imgsz", "64", "--repeats", "1", "--out",
+                         str(out), monkeypatch=monkeypatch, capsys=capsys)
     assert out.read_bytes().startswith(b"\x89PNG")
-    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [r[0][2:] for r in rows[1:]] == ["none", "[1]", "[2]", "[3]", "[4]", "[5]", "[2,3]", "all",
-                                            "all selective", "all + head", "all + head selective"]
+    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r[0][2:] for r in rows[1:]] == ["none", "[1]", "[2]", "[3]", "[4]", "[2,3]", "all", "all selective",
+                                            "all + head", "all + head selective"]
     assert rows[1][2:] == ["1.0", "1.0 |"]
 
 
