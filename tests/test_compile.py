@@ -48,8 +48,10 @@ def plain_graphs() -> tuple[int, int]:
     return graphs_and_breaks(DetectionModel("yolo11n.yaml", nc=4, verbose=False).train(), torch.rand(2, 3, 64, 64))
 
 
+# [2,3] full alone is test_compiled_recompute_keeps_batchnorm_and_gradients_exact[full-None]'s plan: on TINY, whose
+# stages 2 and 3 are yolo11n's layer types (Conv, C3k2), in one traced graph, no break
 @pytest.mark.parametrize("stages, mode, layers", [
-    ([2, 3], "full", None), ("all", "selective", None),
+    ("all", "selective", None),
     ([2, 3], "selective", ["2.*", "23.*"]),  # parts nested in stages, Detect per branch
     ([], "full", [[0, 4], "2.*", "23.cv3.0.0-cv3.0.1:selective", "9.m"]),  # a run inside a Sequential, per-region mode
 ])
@@ -290,28 +292,30 @@ def test_auto_under_compile_stops_after_the_least_keeping_candidates_when_none_f
 
 
 def test_auto_under_compile_measures_its_apart_candidate_as_the_run_trains_it(monkeypatch):
-    """With ``compile_regions=apart`` given, ``auto`` under compile also weighs ``least-stem`` with its regions compiled
-    apart, alone and under each budget, among those measured first; never by default. It is measured as the run
+    """With ``compile_regions=apart`` given, ``auto`` under compile also weighs ``least-stem`` with its head layer in
+    parts (``head_in_parts``) and its regions compiled apart, alone and under each budget, among those measured first;
+    never by default. It is measured as the run
     trains it, inside ``regions_compiled_apart`` with the same backend:
     each of the plan's regions' compiled insides is called, in the forward and again in the recompute of every step
     measured (three: compile, profile, time; counted around ``recompute._compiled_region``). ``aot_eager``."""
     from ultralytics.cfg import get_cfg
 
     from yolo_ckpt.planning import compiled
-    from yolo_ckpt.planning.search import deepest, nested_in_first_region
+    from yolo_ckpt.planning.search import deepest, head_in_parts
 
     torch.manual_seed(0)
     model = DetectionModel(deepcopy(MINI), verbose=False).train()
     model.args = get_cfg()
-    stem = nested_in_first_region(deepest(model))
+    apart = head_in_parts(deepest(model))
+    assert apart.layers[-1].endswith(".*")  # the Detect layer's parts, each a region
     default, allowed = compiled.compiled_candidates(model), compiled.compiled_candidates(model, apart=True)
     assert {c.regions for c in default} == {"graph"} and allowed[:len(default)] == default
     assert [(c.settings, c.budget, c.regions, c.least) for c in allowed[len(default):]] == \
-        [(stem, b, "apart", True) for b in (None, *compiled.BUDGETS)]  # alone and under each budget
+        [(apart, b, "apart", True) for b in (None, *compiled.BUDGETS)]  # alone and under each budget
     assert str(allowed[-1]).endswith(" + compile_regions=apart")  # the log's table says which one is apart
     calls = region_calls(monkeypatch)
     compiled.compiled_step(model, StepShape(64, 2), allowed[len(default)], "aot_eager")
-    assert len(calls) == len(stem.resolve(model).regions) and min(calls.values()) >= 2 * 3, calls
+    assert len(calls) == len(apart.resolve(model).regions) and min(calls.values()) >= 2 * 3, calls
 
 
 def test_auto_under_compile_trains_with_the_budget_it_chose(detect_data, tmp_path, monkeypatch):
