@@ -207,11 +207,11 @@ def test_profile_measures_the_loss_plan(tmp_path, monkeypatch):
 
     model = build_model(str(cfg))  # profiled in this process, so that the figures below are of the same weights
     monkeypatch.setattr(measure, "build_model", lambda name: copy.deepcopy(model))
-    profile([f"model={cfg}", "imgsz=96", "batch=2", "checkpoint_loss=exact", "checkpoint_stages=[1]",
+    profile([f"model={cfg}", "imgsz=64", "batch=2", "checkpoint_loss=exact", "checkpoint_stages=[1]",
              f"project={tmp_path}", "name=p"])
     rows = {r["plan"]: r for r in json.loads((tmp_path / "p" / "profile.json").read_text())["plans"]}
     assert list(rows) == [*standard_plans(model), "yours", "loss exact", "all + head, loss exact"]
-    data = training_batch(model, StepShape(96, 2))
+    data = training_batch(model, StepShape(64, 2))
     for name, spec in {"none": ([], "full", None, "none"), "loss exact": ([], "full", None, "exact"),
                        "yours": ([1], "full", None, "exact")}.items():
         plan = PlanSettings.of(*spec)
