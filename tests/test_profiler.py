@@ -263,13 +263,17 @@ def test_profile_command_on_a_simulated_device(tmp_path, mini):
     assert any(said in line for line in logged), logged  # a note of profile.json, and said
 
 
-def test_profile_simulate_gpu_on_cuda_is_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "yolo_ckpt", "profile", "simulate_gpu=1GB", "device=0",
-                          f"project={tmp_path}"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines() == ["yolo-ckpt: error: simulate_gpu='1GB' rehearses a GPU on CPU. Valid: "
-                                               "with device=cpu, or no simulate_gpu on a CUDA device (its own memory "
-                                               "counts)."]
+def test_profile_simulate_gpu_on_cuda_is_one_line(tmp_path, capsys):
+    """Through the command's own ``main``, in this process (an exception would end the test with its traceback); the
+    command in a process of its own printing its one line for a key profile refuses:
+    ``tests/test_cli.py::test_profile_checks_our_keys_before_measuring``."""
+    from yolo_ckpt.integration.cli import main
+
+    rc = main(["profile", "simulate_gpu=1GB", "device=0", f"project={tmp_path}"])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "yolo-ckpt: error: simulate_gpu='1GB' rehearses a GPU on CPU. Valid: with device=cpu, or no simulate_gpu on a "
+        "CUDA device (its own memory counts)."]
     assert list(tmp_path.iterdir()) == []
 
 
