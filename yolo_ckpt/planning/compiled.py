@@ -34,7 +34,7 @@ from ..memory.device import unless_oom
 from ..memory.step import StepShape, batch_bytes, planned_copy, state_bytes, training_batch
 from ..regions.recompute import regions_compiled_apart
 from ..regions.settings import VANILLA, PlanSettings
-from .search import deepest, nested_in_first_region
+from .search import deepest, head_in_parts, nested_in_first_region
 from .units import NothingFits
 
 BACKEND = "inductor"
@@ -123,20 +123,23 @@ def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
     on the 5-layer test model (tests/support.py ``MINI``) at 64 px, batch 2, ``all`` + ``head`` keeps 1.5% less than it
     (4.41 against 4.48 MiB, the model's state most of both; ``aot_eager_decomp_partition``).
 
-    ``apart``: also that plan with its regions compiled apart, alone and under each budget, last and marked
-    ``least``: it keeps the least of all (0.296x of eager vanilla against 0.336x in one graph, channels first, yolo11n
-    at 640 px), and is slower; a budget also partitions each region's own graph, which keeps less again (budget 0.5:
-    the step's peak above its start 216.1 -> 180.7 MiB, yolo11n at 640 px, batch 4, nc=4). Not ``least`` apart: in a
-    ``yolo-ckpt train`` run of that yolo11n it keeps what ``least-stem`` apart keeps (0.306 GB: the step peaks in the
+    ``apart``: also that plan with its regions compiled apart and the head layer in parts (``search.head_in_parts``),
+    alone and under each budget, last and marked ``least``: it keeps the least of all (yolo11n at 640 px, batch 4,
+    80 classes: 0.265x of eager vanilla's step peak, against 0.296x for ``least-stem`` apart and 0.336x in one graph,
+    channels first), and is slower; a budget also partitions each region's own graph, which keeps less again (budget
+    0.5: the step's peak above its start 216.1 -> 180.7 MiB, ``least-stem`` apart, 4 classes). Not ``least`` apart: in
+    a ``yolo-ckpt train`` run of that yolo11n it keeps what ``least-stem`` apart keeps (0.306 GB: the step peaks in the
     stem's region's backward, which both plans share), at 1.63x eager vanilla's step time against 1.26-1.42x."""
-    stem = nested_in_first_region(deepest(model))
+    deep = deepest(model)
+    stem = nested_in_first_region(deep)
     if plans is None:
-        plans = [PlanSettings.of("all", layers="head"), deepest(model), stem]
+        plans = [PlanSettings.of("all", layers="head"), deep, stem]
     least = {(stem, b) for b in (None, *budgets)} | ({(VANILLA, min(budgets))} if budgets else set())
     pairs = [(VANILLA, None), *((VANILLA, b) for b in budgets), *((p, None) for p in plans),
              *((p, b) for p in plans for b in budgets)]
     return [*(CompiledCandidate(s, b, (s, b) in least) for s, b in pairs),
-            *(CompiledCandidate(stem, b, True, "apart") for b in ((None, *budgets) if apart else ()))]
+            *(CompiledCandidate(head_in_parts(deep), b, True, "apart")
+              for b in ((None, *budgets) if apart else ()))]
 
 
 def _compiled_step(model: nn.Module, forward: Callable, data: dict, amp: torch.dtype | None) -> Callable[[], None]:
