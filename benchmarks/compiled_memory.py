@@ -9,7 +9,8 @@ the model's forward compiled, the criterion called outside the graph on its pred
 - the least-keeping plan (``search.deepest``: every stage, the stem in stage 2's region, the neck, the head, each
   block layer's parts nested inside; what ``search.least_keeping`` picks on yolo11n), eager and compiled;
 - ``least-stem``, the least-keeping plan with parts nested only in the stem's region (``nested_in_first_region``):
-  what keeps the least under compile, eager and compiled;
+  what keeps the least under compile, eager and compiled; ``least-apart``, ``least-stem`` with the head layer in
+  parts (``head_in_parts``), the plan ``auto`` weighs with ``compile_regions=apart`` (``--apart least-apart``);
 - compiled vanilla under compile's own ``torch._functorch.config.activation_memory_budget`` (``--budgets``, 0.5, 0.3
   and 0.1), and the plans with a budget too (``--plan-budgets``, 0.3): the issue's table in the issue's order;
 - the cases of ``--channels-first`` compiled with inductor's layout optimization off
@@ -18,7 +19,9 @@ the model's forward compiled, the criterion called outside the graph on its pred
   to that layout, and the forward saves the weight copies for backward;
 - the plans of ``--apart`` compiled channels first with their regions compiled apart from the model's graph
   (``regions.recompute.regions_compiled_apart``): each region under eager checkpointing, its inside a compiled graph
-  of its own, so the backward recomputes region by region as eagerly.
+  of its own, so the backward recomputes region by region as eagerly; and (``--apart-budgets``) the same under
+  compile's budget too (``compile_regions=apart compile_memory_budget=``), read by the model's graph and each
+  region's.
 
 Every case runs one untimed step first (compiles, warms caches, builds the criterion), then one step under
 ``torch.profiler.profile(profile_memory=True)``: its peak is the high-water mark of the allocation records' running
@@ -35,6 +38,8 @@ Usage:
     python benchmarks/compiled_memory.py --cases vanilla least --budgets 0.3 --plan-budgets 0.3
     python benchmarks/compiled_memory.py --imgsz 640 --batch 4 --cases vanilla least-stem --budgets --plan-budgets \
         --channels-first least-stem --apart least-stem least   # what meets issue 48's 0.33x (docs/compile.md)
+    python benchmarks/compiled_memory.py --imgsz 640 --batch 4 --cases vanilla least-stem --budgets --plan-budgets \
+        --apart least-stem least-apart --apart-budgets 0.5 0.3    # regions apart, with and without a budget
 """
 
 from __future__ import annotations
@@ -52,13 +57,13 @@ from torch import nn
 from yolo_ckpt.memory.allocations import BACKWARD_MARK, profile_step
 from yolo_ckpt.memory.step import StepShape, build_model, training_batch, with_plan
 from yolo_ckpt.memory.tracker import LiveTensorTracker
-from yolo_ckpt.planning.search import deepest, nested_in_first_region
+from yolo_ckpt.planning.search import deepest, head_in_parts, nested_in_first_region
 from yolo_ckpt.regions.install import disable_checkpointing
 from yolo_ckpt.regions.recompute import regions_compiled_apart
 from yolo_ckpt.regions.settings import PlanSettings
 
 MiB = 2**20
-PLANS = ("vanilla", "all+head", "least", "least-stem")
+PLANS = ("vanilla", "all+head", "least", "least-stem", "least-apart")
 
 
 @dataclass
@@ -107,7 +112,7 @@ def plan_settings(name: str, model: nn.Module) -> PlanSettings | None:
     if name == "all+head":
         return PlanSettings.of("all", layers="head")
     least = deepest(model)
-    return least if name == "least" else nested_in_first_region(least)
+    return {"least": least, "least-stem": nested_in_first_region(least), "least-apart": head_in_parts(least)}[name]
 
 
 def measure(base: nn.Module, shape: StepShape, plan: str, compiled: bool, budget: float | None,
@@ -171,7 +176,7 @@ def main() -> None:
     p.add_argument("--objects", type=int, default=50, help="labelled objects per image")
     p.add_argument("--repeats", type=int, default=1, help="timed steps per case (median)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: a quick check)")
-    p.add_argument("--cases", nargs="+", default=list(PLANS), choices=PLANS)
+    p.add_argument("--cases", nargs="+", default=list(PLANS[:4]), choices=PLANS)
     p.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True, help="measure eager cases too")
     p.add_argument("--budgets", nargs="*", type=float, default=[0.5, 0.3, 0.1],
                    help="activation_memory_budget values for compiled vanilla")
@@ -181,6 +186,8 @@ def main() -> None:
                    help="plans compiled once more with inductor's layout optimization off")
     p.add_argument("--apart", nargs="*", default=[], choices=PLANS[1:],
                    help="plans compiled once more channels first, each region compiled apart from the model's graph")
+    p.add_argument("--apart-budgets", nargs="*", type=float, default=[],
+                   help="activation_memory_budget values for the plans of --apart too")
     args = p.parse_args()
     torch.manual_seed(0)
     base = build_model(args.model)
@@ -191,7 +198,7 @@ def main() -> None:
     cases += [(plan, True, None, False, False) for plan in plans]
     cases += [(plan, True, b, False, False) for b in args.plan_budgets for plan in plans]
     cases += [(plan, True, None, True, False) for plan in args.channels_first]
-    cases += [(plan, True, None, True, True) for plan in args.apart]
+    cases += [(plan, True, b, True, True) for b in [None, *args.apart_budgets] for plan in args.apart]
     rows = []
     for plan, compiled, budget, channels_first, apart in cases:
         rows.append(measure(base, shape, plan, compiled, budget, args.repeats, args.backend, channels_first, apart))

@@ -6,7 +6,8 @@ Three runs of one recipe, one after another, each in a process of its own (its o
    which slows eager steps about 3.9x on CPU);
 2. ``yolo-ckpt train ... checkpoint_stages=[]``, eager, its memory sampled as a compiled run's is (step 2 of each
    epoch from allocation records, with the model state, the optimizer's moments and the batch): the memory reference;
-3. ``yolo-ckpt train`` with the keys given after ``--``.
+3. ``yolo-ckpt train`` with the keys given after ``--``; with ``--pairs N``, runs 1 and 3 alternate N times and
+   the step-time ratio of each pair is printed with their median.
 
 Step time is CPU time (``time.process_time``) from ``on_train_batch_start`` to ``on_train_batch_end``, the median of
 every step but each epoch's first two (the first compiles, the second is the one sampled for memory); CPU time,
@@ -86,6 +87,7 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=1, help="plain and measured runs, alternated, this many times each")
     p.add_argument("--child", choices=["ultralytics", "sampled", "ckpt"], help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("keys", nargs="*", help="yolo-ckpt keys of the run measured, after --")
@@ -97,10 +99,13 @@ def main() -> None:
     recipe = dict(model=a.model, imgsz=a.imgsz, batch=a.batch, epochs=a.epochs, val=False, deterministic=False,
                   workers=0, plots=False, project=project, exist_ok=True)
     # plain Ultralytics with the demo recipe's keys (cfg/demo.yaml), which yolo-ckpt train applies without data=
-    plain = run("ultralytics", {**recipe, "name": "ultralytics", "nbs": a.batch, "mosaic": 0.0,
-                                "warmup_epochs": 1}, [])
+    plain_recipe = {**recipe, "name": "ultralytics", "nbs": a.batch, "mosaic": 0.0, "warmup_epochs": 1}
     reference = run("sampled", {**recipe, "name": "vanilla", "checkpoint_compare": False}, ["checkpoint_stages=[]"])
-    measured = run("ckpt", {**recipe, "name": "measured", "checkpoint_compare": False}, a.keys)
+    pairs = []
+    for _ in range(a.pairs):  # plain, measured, plain, measured: a drift of the machine's speed hits both of a pair
+        pairs.append((run("ultralytics", plain_recipe, []),
+                      run("ckpt", {**recipe, "name": "measured", "checkpoint_compare": False}, a.keys)))
+    plain, measured = pairs[0]
     ratios = [m / r for m, r in zip(measured["memory"], reference["memory"])]
     print(f"{a.model}, {a.imgsz} px, batch {a.batch}, {a.epochs} epochs; keys: {' '.join(a.keys) or '(none)'}")
     print(f"{'run':<36}{'mem/peak_tensor_GB by epoch':<32}{'x vanilla':<22}{'step CPU s':>11}{'x plain':>9}")
@@ -111,6 +116,10 @@ def main() -> None:
         shown = " ".join(f"{v:.3f}" for v in x) if x is not None else "1"
         seconds = r["seconds"] / plain["seconds"]
         print(f"{name:<36}{mem:<32}{shown:<22}{r['seconds']:>11.3f}{seconds:>9.2f}")
+    if len(pairs) > 1:
+        each = [m["seconds"] / p["seconds"] for p, m in pairs]
+        print(f"step CPU time x plain, pair by pair: {' '.join(f'{x:.2f}' for x in each)}; "
+              f"median {statistics.median(each):.2f}")
 
 
 if __name__ == "__main__":
