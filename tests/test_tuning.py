@@ -23,13 +23,13 @@ def test_every_iteration_trains_with_the_plan_auto_planned_once(detect_data, tmp
 
     from support import SMALL, auto_budget
 
-    # SMALL (five planning units), not yolo11n: what is tested is tuning's plan, not a model; at 128 px its
+    # SMALL (five planning units), not yolo11n: what is tested is tuning's plan, not a model; at 96 px its
     # activations are most of a step (yolo11n needed 160 px, where its two iterations and auto's 57 probes took 46 s)
     model = tmp_path / "small.yaml"
     YAML.save(model, SMALL)
-    budget = auto_budget(str(model), detect_data, 128, ARGS["batch"], 0.5)
+    budget = auto_budget(str(model), detect_data, 96, ARGS["batch"], 0.5)
     YOLO(str(model)).tune(data=detect_data, iterations=2, project=str(tmp_path), checkpoint_stages="auto",
-                          memory_budget=budget, **{**ARGS, "imgsz": 128})
+                          memory_budget=budget, **{**ARGS, "imgsz": 96})
     out = capfd.readouterr()
     text = re.sub(r"\x1b\[[0-9;]*m", "", out.out + out.err)
     assert text.count("auto: choosing the plan") == 1, text[-3000:]
