@@ -51,7 +51,6 @@ def test_the_planning_batch_carries_every_key_the_loss_reads(name):
 # YAML is yolo26n-seg's but for the head (Detect, of which Segment26 is a subclass), so the segmenter's paths plan
 # every layer the detector has, and the detector's step and least-keeping plan are tested above
 PATHS_MODELS = ["yolo26n-seg.yaml", "yolo26n-cls.yaml", "yolo26n-sem.yaml"]
-PATHS_BATCH = 1  # each path's choice at batch 1 (validation at 2): what a path chooses from does not need more
 
 
 @pytest.mark.heavy(3)
@@ -64,7 +63,7 @@ def test_every_planning_path_plans_the_model(name):
     # profile's candidates table (every candidate plan measured: most of a check) is left out, and no step is timed
     # (no claim here is on a time); this checks the plans table, and tests/test_tradeoff.py and
     # tests/test_profiler.py test the candidates table and the times
-    rows = every_model.check(name, IMGSZ, PATHS_BATCH, candidates=False, timed=False)
+    rows = every_model.check(name, IMGSZ, BATCH, candidates=False, timed=False)
     assert [path for path, _, _ in rows] == ["profile", "least-keeping plan", "auto (fixed batch)",
                                              "escalation from vanilla", "AutoBatch with auto", "validation"]
     assert all(ok for _, ok, _ in rows), rows
