@@ -8,9 +8,9 @@ For each model: ``yolo-ckpt profile`` (the task inferred from the model), ``auto
 between the plan that keeps the least and vanilla, escalation from vanilla at that batch, AutoBatch with ``auto``
 for a share that vanilla's batch-1 step does not fit, and the validator's memory. What each path chose is measured
 again with a fresh exact tracker around the model's own loss (``LiveTensorTracker``), and each line says PASS or FAIL
-on its claim. CI runs it at 64 px on five yolo26 models (not pose and obb), a test per model, ``profile`` without
-its candidates table and no step timed (``tests/test_every_model.py``); run this for the others (rtdetr-l: 80 s of
-a 2-core CPU).
+on its claim. CI runs it at 64 px on yolo26n-seg, -cls and -sem (yolo26n-seg covers yolo26n), a test per model,
+``profile`` without its candidates table and no step timed (``tests/test_every_model.py``); run this for the others
+(rtdetr-l: 80 s of a 2-core CPU).
 """
 
 from __future__ import annotations
