@@ -511,7 +511,8 @@ def region_calls(monkeypatch) -> dict:
 def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(monkeypatch, compiled_plain):
     """``regions_compiled_apart``: each region leaves the compiled graph (a graph break), runs under eager
     checkpointing, and its inside is compiled apart, called in the forward and again in the recompute; a part nested
-    in a stage's region is recomputed twice more, as eagerly (in its region's recompute, then for its own backward).
+    in a stage's region is recomputed twice more, as eagerly (in its region's recompute, then for its own backward);
+    the head layer's parts each a region apart, the layer's own code between them in the graph.
     Against the compiled plain model (``aot_eager``: the graphs run with eager kernels), two SGD steps: BatchNorm
     weights, and the running statistics the second step computes from them, within float rounding (rtol 1e-6, atol
     1e-7 element by element; at most 3e-6 of a tensor's largest value, on BatchNorm biases): gradients sum region by
@@ -520,7 +521,8 @@ def test_regions_compiled_apart_recompute_one_by_one_like_eager_checkpointing(mo
 
     base, batch, reference = compiled_plain
     ckpt = deepcopy(base)
-    plan = CheckpointPlan.from_spec(ckpt, [2, 3], ["2.m.0"])  # a part nested in stage 2's region
+    plan = CheckpointPlan.from_spec(ckpt, [2, 3], ["2.m.0", "7.*"])  # a part nested in stage 2's region; Detect's
+    # parts, each a region apart (``head_in_parts``: what auto weighs apart)
     enable_checkpointing(ckpt, plan, "full")
     calls = region_calls(monkeypatch)
     with recompute.regions_compiled_apart("aot_eager"):
