@@ -92,6 +92,8 @@ def main() -> None:
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("keys", nargs="*", help="yolo-ckpt keys of the run measured, after --")
     a = p.parse_args()
+    if a.pairs < 1:
+        p.error(f"--pairs {a.pairs}: a number of pairs of runs, 1 or more")
     if a.child:
         child(a.child, json.loads(a.recipe), a.keys)
         return

@@ -126,10 +126,10 @@ def compiled_candidates(model: nn.Module, budgets: Sequence[float] = BUDGETS,
     ``apart``: also that plan with its regions compiled apart and the head layer in parts (``search.head_in_parts``),
     alone and under each budget, last and marked ``least``: it keeps the least of all (yolo11n at 640 px, batch 4,
     80 classes: 0.265x of eager vanilla's step peak, against 0.296x for ``least-stem`` apart and 0.336x in one graph,
-    channels first), and is slower; a budget also partitions each region's own graph, which keeps less again (budget
-    0.5: the step's peak above its start 216.1 -> 180.7 MiB, ``least-stem`` apart, 4 classes). Not ``least`` apart: in
-    a ``yolo-ckpt train`` run of that yolo11n it keeps what ``least-stem`` apart keeps (0.306 GB: the step peaks in the
-    stem's region's backward, which both plans share), at 1.63x eager vanilla's step time against 1.26-1.42x."""
+    channels first; ``least`` apart keeps the same, slower: its nested parts recompute twice), and is slower than one
+    graph; a budget also partitions each region's own graph, which keeps less again (budget 0.5: 0.237x). In a
+    ``yolo-ckpt train`` run of that yolo11n with 2 classes, where the stem's region is the peak, it samples 0.306 GB
+    (0.33x of eager vanilla's) at 1.32x plain Ultralytics' step CPU time (docs/compile.md, ``run_step_times.py``)."""
     deep = deepest(model)
     stem = nested_in_first_region(deep)
     if plans is None:

@@ -195,7 +195,8 @@ def head_in_parts(settings: PlanSettings) -> PlanSettings:
 
     Apart, the head layer recomputed whole holds every branch's activations at once, its parts one branch at a time;
     where that recompute is the step's peak (many classes), the peak falls (yolo11n at 640 px, batch 4, 80 classes:
-    274.9 -> 258.1 MiB); where the stem's is (2 classes: 235.5 MiB), nothing changes.
+    274.9 -> 245.6 MiB, ``benchmarks/compiled_memory.py --apart least-stem least-apart``); where the stem's is (2
+    classes), nothing changes.
 
     Examples:
         >>> head_in_parts(PlanSettings.of([], layers=["0-2", "2.*", "3-4", "4.*", "23", "23.*"])).layers
